@@ -1,0 +1,40 @@
+"""byoc: Bring Your Own Codegen.
+
+A shared ONNX compiler stack: import, optimise, partition between vendor plugins, and run the
+rest on the host CPU with Numba reference kernels.
+"""
+
+from byoc.budget import Budget
+from byoc.compiler import compile
+from byoc.errors import (
+    BundleError,
+    ByocError,
+    ExternalDataError,
+    InputError,
+    KernelError,
+    ModelLoadError,
+    ModelValidationError,
+    PluginError,
+    ResourceLimitError,
+    UnsupportedOperatorError,
+)
+from byoc.runtime.compiled import CompiledModel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Budget",
+    "BundleError",
+    "ByocError",
+    "CompiledModel",
+    "ExternalDataError",
+    "InputError",
+    "KernelError",
+    "ModelLoadError",
+    "ModelValidationError",
+    "PluginError",
+    "ResourceLimitError",
+    "UnsupportedOperatorError",
+    "__version__",
+    "compile",
+]

@@ -1,0 +1,68 @@
+"""byoc's exception hierarchy.
+
+Every failure byoc reports on purpose is a :class:`ByocError`. Each error names what it
+is about (node, tensor, plugin, bundle member) so that a user can find it in the model.
+"""
+
+from __future__ import annotations
+
+
+class ByocError(Exception):
+    """Base class of every error byoc raises on purpose."""
+
+
+class ModelLoadError(ByocError):
+    """The model cannot be read: unreadable, truncated or malformed protobuf, bad file."""
+
+
+class ModelValidationError(ByocError):
+    """The model was read but is not a valid ONNX graph (cycle, bad names, checker)."""
+
+
+class ExternalDataError(ModelLoadError):
+    """External tensor data that escapes the model folder or cannot be read safely."""
+
+
+class UnsupportedOperatorError(ByocError):
+    """One or more nodes use an operator (or domain) byoc cannot run.
+
+    ``nodes`` lists every offending ``(node_name, domain, op_type)``, not only the first.
+    """
+
+    def __init__(self, message: str, nodes: list[tuple[str, str, str]] | None = None):
+        super().__init__(message)
+        self.nodes = list(nodes or [])
+
+
+class ResourceLimitError(ByocError):
+    """A tensor, node count or nesting depth exceeds the configured budget."""
+
+
+class InputError(ByocError):
+    """Wrong feeds given to ``CompiledModel.run``: name, shape or dtype."""
+
+
+class KernelError(ByocError):
+    """A kernel failed on a node; the message names the node and operator."""
+
+
+class PluginError(ByocError):
+    """A vendor plugin misbehaved; the message names the plugin and the hook."""
+
+
+class BundleError(ByocError):
+    """A saved bundle is missing, tampered, truncated, or needs an unavailable plugin."""
+
+
+__all__ = [
+    "ByocError",
+    "BundleError",
+    "ExternalDataError",
+    "InputError",
+    "KernelError",
+    "ModelLoadError",
+    "ModelValidationError",
+    "PluginError",
+    "ResourceLimitError",
+    "UnsupportedOperatorError",
+]

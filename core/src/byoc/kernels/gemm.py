@@ -1,0 +1,3 @@
+"""gemm kernels."""
+
+from byoc.kernels.registry import NodeSpec, kernel  # noqa: F401

@@ -1,0 +1,3 @@
+"""pool kernels."""
+
+from byoc.kernels.registry import NodeSpec, kernel  # noqa: F401

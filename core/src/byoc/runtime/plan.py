@@ -1,0 +1,260 @@
+"""Lower an IR graph once into a flat execution plan.
+
+Execution never walks IR objects: each node becomes a :class:`Step` holding its kernel's run
+function and integer slots for its inputs and outputs. Values are released after their last
+use. A plan is immutable after construction, so one plan serves many threads at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from byoc.budget import DEFAULT_BUDGET, Budget
+from byoc.errors import ByocError, InputError, KernelError
+from byoc.kernels.registry import NodeSpec, make_kernel
+
+
+def attr_value(attr: ir.Attr) -> Any:
+    """Convert an IR attribute into the Python value kernels see."""
+    t = attr.type
+    A = ir.AttributeType
+    if t == A.INT:
+        return int(attr.value)
+    if t == A.FLOAT:
+        return float(attr.value)
+    if t == A.STRING:
+        return attr.value
+    if t == A.INTS:
+        return [int(v) for v in attr.value]
+    if t == A.FLOATS:
+        return [float(v) for v in attr.value]
+    if t == A.STRINGS:
+        return list(attr.value)
+    if t == A.TENSOR:
+        return attr.value.numpy()
+    if t == A.TENSORS:
+        return [v.numpy() for v in attr.value]
+    return attr.value  # graphs, type protos: passed through
+
+
+def value_shape(v: ir.Value) -> tuple | None:
+    if v.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else None for d in v.shape)
+
+
+def value_dtype(v: ir.Value) -> np.dtype | None:
+    if v.dtype is None:
+        return None
+    try:
+        return np.dtype(v.dtype.numpy())
+    except Exception:
+        return None
+
+
+def opset_of(graph: ir.Graph, domain: str, default: int = 21) -> int:
+    imports = graph.opset_imports
+    return imports.get(domain, imports.get("ai.onnx" if domain == "" else domain, default))
+
+
+def node_spec(node: ir.Node, opset: int, budget: Budget = DEFAULT_BUDGET) -> NodeSpec:
+    consts = {}
+    for i, v in enumerate(node.inputs):
+        if v is not None and v.const_value is not None:
+            consts[i] = v.const_value.numpy()
+    return NodeSpec(
+        op_type=node.op_type,
+        name=node.name or "",
+        domain=node.domain or "",
+        opset=opset,
+        attrs={k: attr_value(a) for k, a in node.attributes.items()},
+        n_inputs=len(node.inputs),
+        n_outputs=len(node.outputs),
+        input_shapes=[value_shape(v) if v is not None else None for v in node.inputs],
+        input_dtypes=[value_dtype(v) if v is not None else None for v in node.inputs],
+        const_inputs=consts,
+        budget=budget,
+    )
+
+
+@dataclass(frozen=True)
+class Step:
+    run: Callable[..., Sequence[np.ndarray]]
+    inputs: tuple[int, ...]  # slot per input, -1 for a missing optional input
+    outputs: tuple[int, ...]  # slot per output, -1 for an unused output
+    release: tuple[int, ...]  # slots dead after this step
+    name: str
+    op_type: str
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    dtype: np.dtype | None
+    shape: tuple | None  # ints for fixed dims, str/None for symbolic/unknown
+    optional: bool = False  # an initializer listed as input: a feed overrides its value
+
+
+class Plan:
+    """A flat, immutable execution plan for one graph."""
+
+    def __init__(
+        self,
+        steps: list[Step],
+        n_slots: int,
+        inputs: list[tuple[InputSpec, int]],
+        outputs: list[tuple[str, int]],
+        constants: list[tuple[int, np.ndarray]],
+    ):
+        self.steps = tuple(steps)
+        self.n_slots = n_slots
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        base: list[Any] = [None] * n_slots
+        for slot, arr in constants:
+            base[slot] = arr
+        self._base = tuple(base)
+
+    def input_specs(self) -> list[InputSpec]:
+        return [spec for spec, _ in self.inputs]
+
+    def output_names(self) -> list[str]:
+        return [name for name, _ in self.outputs]
+
+    def execute(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        env = list(self._base)
+        for spec, slot in self.inputs:
+            if spec.name in feeds:
+                env[slot] = feeds[spec.name]
+        step = None
+        try:
+            for step in self.steps:
+                args = [env[i] if i >= 0 else None for i in step.inputs]
+                results = step.run(*args)
+                for slot, val in zip(step.outputs, results):
+                    if slot >= 0:
+                        env[slot] = val
+                for slot in step.release:
+                    env[slot] = None
+        except ByocError:
+            raise
+        except Exception as exc:
+            assert step is not None
+            raise KernelError(f"node {step.name!r} ({step.op_type}) failed: {type(exc).__name__}: {exc}") from exc
+        return {name: env[slot] for name, slot in self.outputs}
+
+
+def build_plan(
+    graph: ir.Graph,
+    *,
+    budget: Budget = DEFAULT_BUDGET,
+    step_factory: Callable[[ir.Node, NodeSpec], Callable] | None = None,
+) -> Plan:
+    """Lower ``graph`` (topologically sorted) to a :class:`Plan`.
+
+    ``step_factory(node, spec)`` can supply the run function for a node (used for offloaded
+    regions); by default the host kernel registry does.
+    """
+    slots: dict[int, int] = {}  # id(value) -> slot
+
+    def slot_of(v: ir.Value) -> int:
+        key = id(v)
+        if key not in slots:
+            slots[key] = len(slots)
+        return slots[key]
+
+    constants = []
+    input_slots = []
+    for v in graph.inputs:
+        optional = v.name in graph.initializers  # an initializer listed as input
+        shape = None if v.shape is None else tuple(d if isinstance(d, int) else (d.value if hasattr(d, "value") else None) for d in v.shape)
+        input_slots.append((InputSpec(v.name, value_dtype(v), shape, optional), slot_of(v)))
+    for name, v in graph.initializers.items():
+        if v.const_value is not None:
+            constants.append((slot_of(v), v.const_value.numpy()))
+
+    nodes = list(graph)
+    last_use: dict[int, int] = {}
+    for idx, node in enumerate(nodes):
+        for v in node.inputs:
+            if v is not None:
+                last_use[slot_of(v)] = idx
+    keep = {slot_of(v) for v in graph.outputs}
+    releases: dict[int, list[int]] = {}
+    for slot, idx in last_use.items():
+        if slot not in keep:
+            releases.setdefault(idx, []).append(slot)
+
+    steps = []
+    for idx, node in enumerate(nodes):
+        opset = opset_of(graph, node.domain or "")
+        spec = node_spec(node, opset, budget)
+        run = step_factory(node, spec) if step_factory is not None else None
+        if run is None:
+            run = make_kernel(spec)
+        steps.append(
+            Step(
+                run=run,
+                inputs=tuple(slot_of(v) if v is not None else -1 for v in node.inputs),
+                outputs=tuple(slot_of(v) if v.uses() or v.is_graph_output() else -1 for v in node.outputs),
+                release=tuple(releases.get(idx, ())),
+                name=node.name or f"#{idx}",
+                op_type=node.op_type,
+            )
+        )
+    outputs = [(v.name, slot_of(v)) for v in graph.outputs]
+    return Plan(steps, len(slots), input_slots, outputs, constants)
+
+
+def check_feeds(specs: Sequence[InputSpec], feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Validate user feeds against the graph inputs; returns the arrays to run with."""
+    if not isinstance(feeds, dict):
+        raise InputError(f"feeds must be a dict name -> numpy array, got {type(feeds).__name__}")
+    expected = {s.name for s in specs}
+    unknown = sorted(set(feeds) - expected)
+    if unknown:
+        raise InputError(f"unknown input name(s) {unknown}; the model expects {sorted(expected)}")
+    out = {}
+    dims: dict[str, int] = {}
+    for spec in specs:
+        if spec.name not in feeds:
+            if spec.optional:
+                continue
+            raise InputError(f"missing input {spec.name!r} ({_describe(spec)})")
+        arr = feeds[spec.name]
+        if not isinstance(arr, np.ndarray):
+            try:
+                arr = np.asarray(arr)
+            except Exception:
+                raise InputError(f"input {spec.name!r}: cannot convert {type(arr).__name__} to a numpy array") from None
+        if spec.dtype is not None and arr.dtype != spec.dtype:
+            raise InputError(f"input {spec.name!r}: expected dtype {spec.dtype}, got {arr.dtype}")
+        if spec.shape is not None:
+            if arr.ndim != len(spec.shape):
+                raise InputError(
+                    f"input {spec.name!r}: expected shape {_fmt_shape(spec.shape)} ({len(spec.shape)}-D), "
+                    f"got {list(arr.shape)}"
+                )
+            for want, got in zip(spec.shape, arr.shape):
+                if isinstance(want, int) and want != got:
+                    raise InputError(f"input {spec.name!r}: expected shape {_fmt_shape(spec.shape)}, got {list(arr.shape)}")
+                if isinstance(want, str):
+                    if dims.setdefault(want, got) != got:
+                        raise InputError(
+                            f"input {spec.name!r}: dimension {want!r} is {got} here but {dims[want]} in another input"
+                        )
+        out[spec.name] = arr
+    return out
+
+
+def _fmt_shape(shape) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _describe(spec: InputSpec) -> str:
+    shape = _fmt_shape(spec.shape) if spec.shape is not None else "any shape"
+    return f"{spec.dtype or 'any dtype'} {shape}"

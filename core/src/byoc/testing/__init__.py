@@ -1,0 +1,1 @@
+"""Testing utilities and the vendor conformance kit."""
