@@ -7,6 +7,7 @@ from typing import Iterable, Sequence
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.frontend import load_model
 from byoc.frontend.loader import ModelLike
+from byoc.passes.simplify import drop_legacy_initializer_inputs
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.plan import build_plan
 
@@ -33,6 +34,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
 
     budget = budget or DEFAULT_BUDGET
     ir_model = load_model(model, budget=budget)
+    drop_legacy_initializer_inputs(ir_model)
     _passes.run_passes(ir_model, passes, budget=budget)
     plan = build_plan(ir_model.graph, budget=budget)
     return CompiledModel(ir_model, plan, options={"targets": targets, **options})

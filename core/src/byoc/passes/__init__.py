@@ -1,4 +1,9 @@
-"""Shared, target-independent passes."""
+"""Shared, target-independent passes.
+
+Each pass is a small function ``pass_(model, ctx) -> bool`` (True when it changed the model),
+registered under a name in :data:`PASSES`. :func:`run_passes` runs a selection of them in the
+fixed order of :data:`DEFAULT_PASSES`; ``byoc.compile(..., passes=[...])`` chooses which.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,46 @@ from typing import Iterable
 import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget
+from byoc.passes.base import PassContext
+from byoc.passes.bn_folding import fold_batchnorm
+from byoc.passes.constant_folding import fold_constants
+from byoc.passes.simplify import (
+    eliminate_common_subexpressions,
+    infer_shapes,
+    remove_dead_code,
+    remove_identities,
+)
 
-DEFAULT_PASSES: tuple[str, ...] = ()
+#: name -> pass function, in the order they run
+PASSES = {
+    "shape_inference": infer_shapes,
+    "constant_folding": fold_constants,
+    "identity_removal": remove_identities,
+    "bn_folding": fold_batchnorm,
+    "cse": eliminate_common_subexpressions,
+    "dead_code": remove_dead_code,
+}
+
+DEFAULT_PASSES: tuple[str, ...] = tuple(PASSES)
 
 
-def run_passes(model: ir.Model, passes: Iterable[str] | None = None, *, budget: Budget = DEFAULT_BUDGET) -> ir.Model:
-    return model
+def run_passes(
+    model: ir.Model, passes: Iterable[str] | None = None, *, budget: Budget = DEFAULT_BUDGET
+) -> list[str]:
+    """Run the named passes (default: all) in their fixed order; returns those that changed the model.
+
+    :raises ValueError: an unknown pass name (the message lists the valid ones).
+    """
+    selected = DEFAULT_PASSES if passes is None else tuple(passes)
+    unknown = [p for p in selected if p not in PASSES]
+    if unknown:
+        raise ValueError(f"unknown pass(es) {unknown}; valid passes: {list(PASSES)}")
+    ctx = PassContext(budget=budget)
+    changed = []
+    for name, fn in PASSES.items():
+        if name in selected and fn(model, ctx):
+            changed.append(name)
+    return changed
+
+
+__all__ = ["DEFAULT_PASSES", "PASSES", "PassContext", "run_passes"]

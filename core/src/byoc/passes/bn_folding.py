@@ -1,0 +1,102 @@
+"""Fold an inference BatchNormalization into the Conv or Gemm that feeds it.
+
+``BN(Conv(x, W, B))`` equals ``Conv(x, W * s, (B - mean) * s + bias)`` with
+``s = scale / sqrt(var + eps)`` per output channel; likewise for Gemm along its output
+columns. Folding applies only when all parameters are constants and the Conv/Gemm output feeds
+nothing but the BatchNormalization.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from byoc.passes.base import PassContext, add_initializer, const_array, replace_value
+
+
+def _bn_params(bn: ir.Node):
+    if len(bn.inputs) < 5 or any(len(o.uses()) or o.is_graph_output() for o in bn.outputs[1:]):
+        return None
+    training = bn.attributes.get("training_mode")
+    if training is not None and training.as_int() != 0:
+        return None
+    arrays = [const_array(v) for v in bn.inputs[1:5]]
+    if any(a is None for a in arrays):
+        return None
+    eps_attr = bn.attributes.get("epsilon")
+    eps = eps_attr.as_float() if eps_attr is not None else 1e-5
+    scale, bias, mean, var = (a.astype(np.float64) for a in arrays)
+    s = scale / np.sqrt(var + eps)
+    return s, bias - mean * s
+
+
+def _single_consumer(node: ir.Node) -> ir.Node | None:
+    out = node.outputs[0]
+    uses = out.uses()
+    if out.is_graph_output() or len(uses) != 1:
+        return None
+    consumer = uses[0].node
+    if consumer.op_type != "BatchNormalization" or consumer.domain not in ("", "ai.onnx"):
+        return None
+    if uses[0].idx != 0:
+        return None
+    return consumer
+
+
+def _fold_conv(node: ir.Node, bn: ir.Node, s: np.ndarray, shift: np.ndarray) -> list[np.ndarray] | None:
+    w = const_array(node.inputs[1])
+    if w is None or w.dtype != np.float32 or w.shape[0] != s.shape[0]:
+        return None
+    b = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else np.zeros(w.shape[0])
+    if b is None:
+        return None
+    w2 = (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(np.float32)
+    b2 = (b.astype(np.float64) * s + shift).astype(np.float32)
+    return [w2, b2]
+
+
+def _fold_gemm(node: ir.Node, bn: ir.Node, s: np.ndarray, shift: np.ndarray) -> list[np.ndarray] | None:
+    b = const_array(node.inputs[1])
+    if b is None or b.dtype != np.float32 or b.ndim != 2:
+        return None
+    attrs = node.attributes
+    trans_b = attrs["transB"].as_int() if "transB" in attrs else 0
+    beta = attrs["beta"].as_float() if "beta" in attrs else 1.0
+    n_out = b.shape[0] if trans_b else b.shape[1]
+    if n_out != s.shape[0]:
+        return None
+    c = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else np.zeros(n_out)
+    if c is None or c.size not in (1, n_out) or (c.ndim == 2 and c.shape[0] != 1):
+        return None
+    b2 = b.astype(np.float64) * (s[:, None] if trans_b else s[None, :])
+    c2 = beta * np.broadcast_to(c.astype(np.float64).reshape(-1), (n_out,)) * s + shift
+    return [b2.astype(np.float32), c2.astype(np.float32)]
+
+
+def fold_batchnorm(model: ir.Model, ctx: PassContext) -> bool:
+    graph = model.graph
+    changed = False
+    for node in list(graph):
+        if node.op_type not in ("Conv", "Gemm") or node.domain not in ("", "ai.onnx"):
+            continue
+        if node.graph is None:  # removed earlier in this loop
+            continue
+        bn = _single_consumer(node)
+        if bn is None:
+            continue
+        params = _bn_params(bn)
+        if params is None:
+            continue
+        # BN normalises axis 1: for Gemm that is the output column axis
+        folded = (_fold_conv if node.op_type == "Conv" else _fold_gemm)(node, bn, *params)
+        if folded is None:
+            continue
+        weight = add_initializer(graph, f"{node.inputs[1].name}_bnfolded", folded[0])
+        bias = add_initializer(graph, f"{bn.outputs[0].name}_bias_bnfolded", folded[1])
+        attrs = [a for k, a in node.attributes.items() if k != "beta"]
+        new = ir.Node(node.domain, node.op_type, [node.inputs[0], weight, bias], attributes=attrs, name=node.name)
+        graph.insert_after(bn, new)
+        replace_value(bn.outputs[0], new.outputs[0])
+        graph.remove([bn, node], safe=True)
+        changed = True
+    return changed
