@@ -46,6 +46,10 @@ class KernelError(ByocError):
     """A kernel failed on a node; the message names the node and operator."""
 
 
+class OptionError(ByocError, ValueError):
+    """An invalid compile option: unknown pass or target name, bad option value."""
+
+
 class PluginError(ByocError):
     """A vendor plugin misbehaved; the message names the plugin and the hook."""
 
@@ -62,6 +66,7 @@ __all__ = [
     "KernelError",
     "ModelLoadError",
     "ModelValidationError",
+    "OptionError",
     "PluginError",
     "ResourceLimitError",
     "UnsupportedOperatorError",

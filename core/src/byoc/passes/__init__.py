@@ -12,6 +12,7 @@ from typing import Iterable
 import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget
+from byoc.errors import OptionError
 from byoc.passes.base import PassContext
 from byoc.passes.bn_folding import fold_batchnorm
 from byoc.passes.constant_folding import fold_constants
@@ -40,12 +41,12 @@ def run_passes(
 ) -> list[str]:
     """Run the named passes (default: all) in their fixed order; returns those that changed the model.
 
-    :raises ValueError: an unknown pass name (the message lists the valid ones).
+    :raises OptionError: an unknown pass name (the message lists the valid ones).
     """
     selected = DEFAULT_PASSES if passes is None else tuple(passes)
     unknown = [p for p in selected if p not in PASSES]
     if unknown:
-        raise ValueError(f"unknown pass(es) {unknown}; valid passes: {list(PASSES)}")
+        raise OptionError(f"unknown pass(es) {unknown}; valid passes: {list(PASSES)}")
     ctx = PassContext(budget=budget)
     changed = []
     for name, fn in PASSES.items():
