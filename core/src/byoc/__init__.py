@@ -6,6 +6,9 @@ rest on the host CPU with Numba reference kernels.
 
 from byoc.budget import Budget
 from byoc.compiler import compile
+from byoc.hookspecs import HOOK_API_VERSION, hookimpl
+from byoc.partition.types import Artifact, Pattern, Region, Rule, Target
+from byoc.plugins import list_targets
 from byoc.errors import (
     BundleError,
     ByocError,
@@ -23,6 +26,14 @@ from byoc.runtime.compiled import CompiledModel
 __version__ = "0.1.0"
 
 __all__ = [
+    "HOOK_API_VERSION",
+    "Artifact",
+    "Pattern",
+    "Region",
+    "Rule",
+    "Target",
+    "hookimpl",
+    "list_targets",
     "Budget",
     "BundleError",
     "ByocError",

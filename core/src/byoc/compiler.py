@@ -1,15 +1,185 @@
-"""``byoc.compile``: frontend -> shared passes -> (partitioning) -> plan."""
+"""``byoc.compile``: frontend -> shared passes -> partitioning -> codegen -> plan."""
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import json
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget
+from byoc.errors import ByocError, OptionError, PluginError
 from byoc.frontend import load_model
 from byoc.frontend.loader import ModelLike
+from byoc.partition.partitioner import NodeRecord, Partitioner, _Faults, ensure_node_names
+from byoc.partition.types import Artifact, Region, Target
 from byoc.passes.simplify import drop_legacy_initializer_inputs
+from byoc.plugins import PluginFault, Registry, get_registry
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.plan import build_plan
+
+REGION_DOMAIN = "byoc"
+REGION_OP = "Region"
+
+
+@dataclass
+class CompiledRegion:
+    """A region after code generation: what runs, and what a bundle stores."""
+
+    region: Region
+    artifact: Artifact
+    plugin: str
+    fn: Callable[..., Sequence[np.ndarray]]
+
+
+def resolve_targets(registry: Registry, targets: Sequence[str] | None) -> list[Target]:
+    if targets is None:
+        return registry.ordered_targets()
+    if isinstance(targets, str):
+        targets = [targets]
+    seen, out = set(), []
+    for name in targets:
+        if name in seen:
+            raise OptionError(f"target {name!r} listed twice")
+        seen.add(name)
+        out.append(registry.target(name))
+    return out
+
+
+def resolve_options(targets: Sequence[Target], target_options: Mapping[str, Mapping[str, Any]] | None):
+    target_options = dict(target_options or {})
+    unknown = set(target_options) - {t.name for t in targets}
+    if unknown:
+        raise OptionError(f"target_options for target(s) not compiled for: {sorted(unknown)}")
+    resolved = {}
+    for t in targets:
+        opts = dict(t.options)
+        for key, value in target_options.get(t.name, {}).items():
+            if key not in opts:
+                raise OptionError(f"target {t.name!r} has no option {key!r}; its options: {sorted(opts)}")
+            opts[key] = value
+        resolved[t.name] = opts
+    return resolved
+
+
+def _validate_artifact(artifact: Any, region: Region) -> Artifact:
+    if not isinstance(artifact, Artifact):
+        raise TypeError(f"returned {type(artifact).__name__}, expected byoc.partition.Artifact")
+    if not isinstance(artifact.data, (bytes, bytearray)):
+        raise TypeError(f"Artifact.data is {type(artifact.data).__name__}, expected bytes")
+    meta = dict(artifact.metadata)
+    meta.setdefault("inputs", [v.name for v in region.inputs])
+    meta.setdefault("outputs", [v.name for v in region.outputs])
+    json.dumps(meta, sort_keys=True)  # TypeError if not JSON-serialisable
+    if list(meta["inputs"]) != [v.name for v in region.inputs] or list(meta["outputs"]) != [
+        v.name for v in region.outputs
+    ]:
+        raise ValueError("Artifact.metadata inputs/outputs do not match the region's")
+    return Artifact(artifact.target, str(artifact.format), bytes(artifact.data), meta)
+
+
+def guarded_runtime(fn: Callable, plugin: str, region_name: str, target: str, n_outputs: int) -> Callable:
+    """Wrap a vendor callable so a failure at run time names plugin, hook and region."""
+
+    def run(*args):
+        try:
+            outs = fn(*args)
+        except ByocError:
+            raise
+        except Exception as exc:
+            raise PluginError(
+                f"plugin {plugin!r}, hook byoc_runtime: the callable for region {region_name!r} (target {target!r}) "
+                f"raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(outs, (list, tuple)) or len(outs) != n_outputs:
+            raise PluginError(
+                f"plugin {plugin!r}, hook byoc_runtime: region {region_name!r} returned "
+                f"{type(outs).__name__} of length {len(outs) if hasattr(outs, '__len__') else '?'}, "
+                f"expected a sequence of {n_outputs} arrays"
+            )
+        return outs
+
+    return run
+
+
+def codegen_region(registry: Registry, region: Region, options: Mapping[str, Any], faults: _Faults,
+                   artifact: Artifact | None = None) -> CompiledRegion | None:
+    """Run the codegen (unless ``artifact`` is given) and runtime hooks; ``None`` on a plugin fault."""
+    target = region.target
+    plugin = registry.targets[target].plugin if target in registry.targets else ""
+    if artifact is None:
+        plugin_cg, result, hook_faults = registry.call_first("byoc_codegen", target=target, region=region,
+                                                              options=options)
+        for f in hook_faults:
+            faults.add(f.plugin, f.hook, f"{f.message} (region {region.name!r})")
+        if result is None:
+            if not hook_faults:
+                faults.add(plugin, "byoc_codegen", f"no plugin generated code for region {region.name!r}")
+            return None
+        try:
+            artifact = _validate_artifact(result, region)
+        except (TypeError, ValueError) as exc:
+            faults.add(plugin_cg, "byoc_codegen", f"{exc} (region {region.name!r})")
+            return None
+    plugin_rt, fn, hook_faults = registry.call_first("byoc_runtime", target=target, artifact=artifact,
+                                                      options=options)
+    for f in hook_faults:
+        faults.add(f.plugin, f.hook, f"{f.message} (region {region.name!r})")
+    if fn is None or not callable(fn):
+        if fn is not None:
+            faults.add(plugin_rt, "byoc_runtime", f"returned {type(fn).__name__}, expected a callable "
+                       f"(region {region.name!r})")
+        elif not hook_faults:
+            faults.add(plugin, "byoc_runtime", f"no plugin provided a runtime for region {region.name!r}")
+        return None
+    fn = guarded_runtime(fn, plugin_rt, region.name, target, len(region.outputs))
+    return CompiledRegion(region, artifact, plugin_rt, fn)
+
+
+def substitute_regions(graph: ir.Graph, compiled: Sequence[CompiledRegion]) -> None:
+    """Replace each region's nodes with one ``byoc::Region`` node, keeping value names."""
+    from byoc.passes.base import replace_value
+
+    for cr in compiled:
+        region = cr.region
+        node = ir.Node(
+            REGION_DOMAIN,
+            REGION_OP,
+            list(region.inputs),
+            attributes=[ir.AttrString("target", region.target), ir.AttrString("region", region.name)],
+            num_outputs=len(region.outputs),
+            name=region.name,
+        )
+        graph.append(node)
+        for old, new in zip(region.outputs, node.outputs):
+            new.type, new.shape = old.type, old.shape
+            replace_value(old, new)
+        graph.remove(region.nodes, safe=True)
+        region.outputs = list(node.outputs)
+    graph.sort()
+    if REGION_DOMAIN not in graph.opset_imports and compiled:
+        graph.opset_imports[REGION_DOMAIN] = 1
+
+
+def _check_host_kernels(graph: ir.Graph) -> None:
+    """Every node left on the host needs a host kernel; list all that lack one."""
+    from byoc.errors import UnsupportedOperatorError
+    from byoc.kernels import is_supported
+
+    bad = [
+        (n.name, n.domain or "ai.onnx", n.op_type)
+        for n in graph
+        if n.domain != REGION_DOMAIN and not is_supported(n.op_type, n.domain)
+    ]
+    if bad:
+        listing = "; ".join(f"{name} ({d}::{op})" for name, d, op in bad[:50])
+        raise UnsupportedOperatorError(
+            f"{len(bad)} node(s) stay on the host but have no host kernel (no selected target took them): {listing}",
+            nodes=bad,
+        )
 
 
 def compile(  # noqa: A001  (the public name is byoc.compile)
@@ -18,23 +188,83 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     *,
     passes: Iterable[str] | None = None,
     budget: Budget | None = None,
-    **options,
+    target_options: Mapping[str, Mapping[str, Any]] | None = None,
+    strict: bool = False,
+    registry: Registry | None = None,
 ) -> CompiledModel:
     """Compile an ONNX model.
 
     :param model: a path, bytes, ``onnx.ModelProto`` or ``onnx_ir.Model``.
-    :param targets: vendor targets in priority order; ``None`` uses every installed target,
-        ``[]`` runs everything on the host.
+    :param targets: vendor targets in priority order; ``None`` uses every installed target in
+        its declared default priority, ``[]`` runs everything on the host.
     :param passes: names of the shared passes to run (default: all of
         :data:`byoc.passes.DEFAULT_PASSES`); ``[]`` switches them off.
     :param budget: resource limits (:class:`byoc.Budget`).
+    :param target_options: per-target option overrides, ``{"jetson": {"precision": "fp32"}}``.
+    :param strict: raise :class:`byoc.PluginError` on any plugin fault instead of falling back.
+    :param registry: the plugin registry to use (default: the installed plugins).
     :returns: a :class:`CompiledModel`.
     """
     from byoc import passes as _passes
 
     budget = budget or DEFAULT_BUDGET
-    ir_model = load_model(model, budget=budget)
+    registry = registry if registry is not None else (get_registry() if targets != [] else None)
+    selected = resolve_targets(registry, targets) if registry is not None else []
+    options = resolve_options(selected, target_options)
+
+    ir_model = load_model(model, budget=budget, require_kernels=not selected)
     drop_legacy_initializer_inputs(ir_model)
     _passes.run_passes(ir_model, passes, budget=budget)
-    plan = build_plan(ir_model.graph, budget=budget)
-    return CompiledModel(ir_model, plan, options={"targets": targets, **options})
+    ensure_node_names(ir_model.graph)
+
+    faults = _Faults(strict)
+    for t in selected:
+        for plugin, _, exc in registry.call_each("byoc_pre_partition", target=t.name, model=ir_model,
+                                                  options=options[t.name]):
+            if exc is not None:
+                faults.add(plugin, "byoc_pre_partition", f"raised {type(exc).__name__}: {exc} (target {t.name!r})")
+
+    records: dict[str, NodeRecord]
+    compiled_regions: list[CompiledRegion] = []
+    if selected:
+        result = Partitioner(ir_model, registry, selected, options, strict).run()
+        faults.items.extend(result.faults)
+        records = result.records
+        for region in result.regions:
+            opts = options[region.target]
+            for plugin, _, exc in registry.call_each("byoc_post_partition", target=region.target, region=region,
+                                                      options=opts):
+                if exc is not None:
+                    faults.add(plugin, "byoc_post_partition", f"raised {type(exc).__name__}: {exc} "
+                               f"(region {region.name!r})")
+            cr = codegen_region(registry, region, opts, faults)
+            if cr is None:
+                reason = faults.items[-1].message if faults.items else "plugin fault"
+                for node in region.nodes:
+                    rec = records[node.name]
+                    rec.device, rec.region, rec.pattern, rec.fallback = "host", None, None, reason
+                continue
+            compiled_regions.append(cr)
+        substitute_regions(ir_model.graph, compiled_regions)
+        _check_host_kernels(ir_model.graph)
+    else:
+        records = {n.name: NodeRecord(n.name, n.op_type) for n in ir_model.graph}
+
+    by_name = {cr.region.name: cr for cr in compiled_regions}
+
+    def step_factory(node: ir.Node, spec):
+        if node.domain == REGION_DOMAIN and node.op_type == REGION_OP:
+            return by_name[node.name].fn
+        return None
+
+    plan = build_plan(ir_model.graph, budget=budget, step_factory=step_factory)
+    return CompiledModel(
+        ir_model,
+        plan,
+        options={"targets": [t.name for t in selected], "target_options": options, "strict": strict},
+        regions=compiled_regions,
+        records=records,
+        faults=list(faults.items),
+        targets=selected,
+        budget=budget,
+    )

@@ -2,21 +2,50 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
+from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.runtime.plan import InputSpec, Plan, check_feeds
+
+if TYPE_CHECKING:  # pragma: no cover
+    from byoc.compiler import CompiledRegion
+    from byoc.partition.partitioner import NodeRecord
+    from byoc.partition.types import Target
+    from byoc.plugins import PluginFault
 
 
 class CompiledModel:
-    """A model lowered to an execution plan; ``run`` is safe from many threads at once."""
+    """A model lowered to an execution plan; ``run`` is safe from many threads at once.
 
-    def __init__(self, model: ir.Model, plan: Plan, *, options: dict[str, Any] | None = None):
+    :ivar model: the partitioned IR model (regions are ``byoc::Region`` nodes).
+    :ivar regions: the offloaded regions with their artifacts.
+    :ivar records: per node (by name) where it runs and why.
+    :ivar faults: plugin faults seen while compiling (each caused a fallback).
+    """
+
+    def __init__(
+        self,
+        model: ir.Model,
+        plan: Plan,
+        *,
+        options: dict[str, Any] | None = None,
+        regions: Sequence["CompiledRegion"] = (),
+        records: dict[str, "NodeRecord"] | None = None,
+        faults: Sequence["PluginFault"] = (),
+        targets: Sequence["Target"] = (),
+        budget: Budget = DEFAULT_BUDGET,
+    ):
         self.model = model
         self._plan = plan
         self.options = dict(options or {})
+        self.regions = list(regions)
+        self.records = dict(records or {})
+        self.faults = list(faults)
+        self.targets = list(targets)
+        self.budget = budget
 
     @property
     def inputs(self) -> list[InputSpec]:
@@ -41,5 +70,12 @@ class CompiledModel:
         """
         return self._plan.execute(check_feeds(self._plan.input_specs(), feeds))
 
+    def placement(self) -> dict[str, str]:
+        """Node name -> device (``"host"`` or a target name)."""
+        return {name: rec.device for name, rec in self.records.items()}
+
     def __repr__(self) -> str:
-        return f"<CompiledModel inputs={self.input_names} outputs={self.output_names} steps={len(self._plan.steps)}>"
+        return (
+            f"<CompiledModel inputs={self.input_names} outputs={self.output_names} "
+            f"regions={[r.region.name for r in self.regions]} steps={len(self._plan.steps)}>"
+        )

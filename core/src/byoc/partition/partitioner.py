@@ -1,0 +1,384 @@
+"""Cut a model between targets: verdicts, patterns, regions, rules, outlining.
+
+Targets are served in priority order. For each target, every node gets a support verdict (kept
+for the report), the target's patterns turn matches into composite units, cycle-free regions
+are formed over the not-yet-placed nodes (:mod:`byoc.partition.regions`), and the target's rules
+keep, split or drop them. Dropped nodes stay free for the next target, else the host.
+Plugin faults never abort: they are recorded, warned about, and the affected node or region
+falls back (``strict=True`` raises :class:`byoc.PluginError` instead).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import onnx
+import onnx_ir as ir
+
+from byoc.errors import PluginError
+from byoc.partition.patterns import match_at
+from byoc.partition.regions import form_regions, is_acyclic
+from byoc.partition.types import Pattern, Region, SupportContext, Target
+from byoc.plugins import PluginFault, Registry
+
+CONTROL_FLOW = {"If", "Loop", "Scan"}
+
+
+@dataclass
+class NodeRecord:
+    """Where one node ended up and why; the rows of the placement report."""
+
+    name: str
+    op_type: str
+    device: str = "host"
+    region: str | None = None
+    pattern: str | None = None
+    #: target -> ``None`` (supported) or the reason it was rejected
+    verdicts: dict[str, str | None] = field(default_factory=dict)
+    #: ``"<target>:<rule>"`` of the rule that dropped the node's region, if any
+    rule: str | None = None
+    #: why the node's region fell back to the host after being placed (plugin fault)
+    fallback: str | None = None
+
+
+@dataclass
+class PartitionResult:
+    regions: list[Region]
+    records: dict[str, NodeRecord]
+    faults: list[PluginFault]
+
+
+class _Faults:
+    def __init__(self, strict: bool):
+        self.strict = strict
+        self.items: list[PluginFault] = []
+
+    def add(self, plugin: str, hook: str, message: str) -> PluginFault:
+        fault = PluginFault(plugin, hook, message)
+        if self.strict:
+            raise PluginError(str(fault))
+        self.items.append(fault)
+        warnings.warn(f"{fault}; falling back", stacklevel=4)
+        return fault
+
+
+def ensure_node_names(graph: ir.Graph) -> None:
+    """Give every node a unique, stable name (the report and the errors use them)."""
+    seen: set[str] = set()
+    for i, node in enumerate(graph):
+        name = node.name or f"{node.op_type}_{i}"
+        base, k = name, 1
+        while name in seen:
+            name = f"{base}_{k}"
+            k += 1
+        node.name = name
+        seen.add(name)
+
+
+def _verdict(registry: Registry, target: str, node: ir.Node, ctx: SupportContext, faults: _Faults) -> str | None:
+    if node.op_type in CONTROL_FLOW or any(
+        a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()
+    ):
+        return f"{node.op_type}: control flow runs on the host"
+    entries = registry.operators.get(target, {}).get((node.domain or "", node.op_type))
+    if not entries:
+        return f"{node.op_type}: operator not supported by {target}"
+    reasons = []
+    for entry in entries:
+        if entry.check is None:
+            return None
+        try:
+            result = entry.check(node, ctx)
+        except Exception as exc:
+            faults.add(entry.plugin, "byoc_register_operators",
+                       f"support check for {node.op_type} raised {type(exc).__name__}: {exc} (node {node.name!r})")
+            reasons.append(f"{node.op_type}: support check of plugin {entry.plugin!r} raised {type(exc).__name__}")
+            continue
+        if result is None or result is True:
+            return None
+        if result is False:
+            reasons.append(f"{node.op_type}: rejected by {target}")
+        elif isinstance(result, str):
+            reasons.append(result)
+        else:
+            faults.add(entry.plugin, "byoc_register_operators",
+                       f"support check for {node.op_type} returned {type(result).__name__}, expected bool, None "
+                       f"or str (node {node.name!r})")
+            reasons.append(f"{node.op_type}: support check of plugin {entry.plugin!r} returned a wrong type")
+    return "; ".join(reasons)
+
+
+def _io(nodes: Sequence[ir.Node]) -> tuple[list[ir.Value], list[ir.Value], list[ir.Value]]:
+    """(inputs, outputs, bound constants) of a node group, in a deterministic order."""
+    inside = set(map(id, nodes))
+    inputs, consts, seen = [], [], set()
+    for node in nodes:
+        for v in node.inputs:
+            if v is None or id(v) in seen:
+                continue
+            producer = v.producer()
+            if producer is not None and id(producer) in inside:
+                continue
+            seen.add(id(v))
+            if v.const_value is not None and not v.is_graph_input():
+                consts.append(v)
+            else:
+                inputs.append(v)
+    outputs = []
+    for node in nodes:
+        for v in node.outputs:
+            if v.is_graph_output() or any(id(u.node) not in inside for u in v.uses()):
+                outputs.append(v)
+    return inputs, outputs, consts
+
+
+def outline(region: Region, model: ir.Model) -> None:
+    """Fill ``region.inputs``/``outputs`` and build its standalone body ``region.model``."""
+    inputs, outputs, consts = _io(region.nodes)
+    region.inputs, region.outputs = inputs, outputs
+    node_protos = []
+    for node in region.nodes:
+        proto = ir.serde.serialize_node(node)
+        if node.name in region.patterns:
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = "byoc.pattern", region.patterns[node.name]
+        node_protos.append(proto)
+    graph = onnx.helper.make_graph(
+        node_protos,
+        region.name,
+        [ir.serde.serialize_value(v) for v in inputs],
+        [ir.serde.serialize_value(v) for v in outputs],
+        [ir.serde.serialize_tensor(v.const_value) for v in consts],
+    )
+    for init, v in zip(graph.initializer, consts):
+        init.name = v.name
+    opsets = [onnx.helper.make_opsetid(d, ver) for d, ver in sorted(model.graph.opset_imports.items())]
+    proto = onnx.helper.make_model(graph, opset_imports=opsets, producer_name="byoc")
+    proto.ir_version = max(model.ir_version, 8)
+    region.model = ir.from_proto(proto)
+
+
+class Partitioner:
+    def __init__(self, model: ir.Model, registry: Registry, targets: Sequence[Target],
+                 options: Mapping[str, Mapping[str, Any]], strict: bool = False):
+        self.model = model
+        self.graph = model.graph
+        self.registry = registry
+        self.targets = list(targets)
+        self.options = options
+        self.faults = _Faults(strict)
+        self.nodes: list[ir.Node] = list(self.graph)
+        self.index = {id(n): i for i, n in enumerate(self.nodes)}
+        self.preds: list[list[int]] = []
+        for node in self.nodes:
+            ps = set()
+            for v in node.inputs:
+                if v is not None:
+                    p = v.producer()
+                    if p is not None and id(p) in self.index:
+                        ps.add(self.index[id(p)])
+            self.preds.append(sorted(ps))
+        self.records = {n.name: NodeRecord(n.name, n.op_type) for n in self.nodes}
+        # placement: node index -> region id (index into self.placed), -1 while free
+        self.region_of = [-1] * len(self.nodes)
+        self.placed: list[tuple[str, list[int], dict[int, str]]] = []  # (target, node ids, patterns)
+
+    # -- units: placed regions, composites, single nodes --------------------------------------
+
+    def _units(self, composites: list[list[int]]) -> tuple[list[int], int]:
+        unit_of = [-1] * len(self.nodes)
+        n_units = 0
+        for _, members, _ in self.placed:
+            for i in members:
+                unit_of[i] = n_units
+            n_units += 1
+        for members in composites:
+            for i in members:
+                unit_of[i] = n_units
+            n_units += 1
+        for i in range(len(self.nodes)):
+            if unit_of[i] < 0:
+                unit_of[i] = n_units
+                n_units += 1
+        return unit_of, n_units
+
+    def _acyclic_with(self, groups: Sequence[Sequence[int]]) -> bool:
+        unit_of, n_units = self._units([list(g) for g in groups])
+        return is_acyclic(len(self.nodes), self.preds, unit_of, n_units)
+
+    # -- one target ---------------------------------------------------------------------------
+
+    def _composites(self, target: Target, ctx: SupportContext) -> tuple[list[list[int]], dict[int, str]]:
+        patterns: list[tuple[str, Pattern]] = sorted(
+            self.registry.patterns.get(target.name, []),
+            key=lambda pp: -(pp[1].priority if pp[1].priority is not None else pp[1].expr.size()),
+        )
+        if not patterns:
+            return [], {}
+        taken: set[int] = set()
+
+        def free(node: ir.Node) -> bool:
+            i = self.index.get(id(node))
+            return i is not None and self.region_of[i] < 0 and i not in taken
+
+        composites, pattern_of = [], {}
+        for i in range(len(self.nodes) - 1, -1, -1):
+            node = self.nodes[i]
+            if not free(node):
+                continue
+            for plugin, pattern in patterns:
+                try:
+                    m = match_at(pattern.expr, node, free)
+                    ok = m is not None and (pattern.check is None or pattern.check(m, ctx))
+                except Exception as exc:
+                    self.faults.add(plugin, "byoc_register_patterns",
+                                    f"pattern {pattern.name!r} raised {type(exc).__name__}: {exc} (node {node.name!r})")
+                    continue
+                if m is None or not (ok is None or ok is True):
+                    continue
+                members = sorted(self.index[id(n)] for n in m.nodes)
+                taken.update(members)
+                composites.append(members)
+                for j in members:
+                    pattern_of[j] = pattern.name
+                break
+        return composites, pattern_of
+
+    def _apply_rules(self, target: Target, groups: list[list[int]], pattern_of: dict[int, str],
+                     composites: list[list[int]]) -> list[list[int]]:
+        rules = self.registry.rules.get(target.name, [])
+        composite_of = {i: k for k, members in enumerate(composites) for i in members}
+        for plugin, rule in rules:
+            kept: list[list[int]] = []
+            for group in groups:
+                region = self._region_view(target.name, group, pattern_of)
+                try:
+                    verdict = rule.fn(region)
+                except Exception as exc:
+                    self.faults.add(plugin, "byoc_register_rules",
+                                    f"rule {rule.name!r} raised {type(exc).__name__}: {exc} "
+                                    f"(region starting at node {region.nodes[0].name!r})")
+                    self._mark_dropped(group, f"{target.name}:{rule.name} (raised)")
+                    continue
+                if verdict is None or verdict is True:
+                    kept.append(group)
+                elif verdict is False or isinstance(verdict, str):
+                    self._mark_dropped(group, f"{target.name}:{rule.name}" + (f" ({verdict})" if verdict else ""))
+                elif isinstance(verdict, (list, tuple)):
+                    parts = self._split(plugin, target, rule.name, group, verdict, composite_of, kept)
+                    if parts is None:
+                        self._mark_dropped(group, f"{target.name}:{rule.name} (invalid split)")
+                    else:
+                        kept.extend(parts)
+                else:
+                    self.faults.add(plugin, "byoc_register_rules",
+                                    f"rule {rule.name!r} returned {type(verdict).__name__}; expected None, bool, "
+                                    f"str or a list of node lists")
+                    self._mark_dropped(group, f"{target.name}:{rule.name} (wrong return type)")
+            groups = kept
+        return groups
+
+    def _split(self, plugin, target, rule_name, group, parts, composite_of, others) -> list[list[int]] | None:
+        members = set(group)
+        out, used = [], set()
+        try:
+            for part in parts:
+                ids = sorted(self.index[id(n)] for n in part)
+                if not ids or any(i not in members or i in used for i in ids):
+                    raise ValueError("parts must be non-empty, disjoint subsets of the region")
+                used.update(ids)
+                out.append(ids)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.faults.add(plugin, "byoc_register_rules", f"rule {rule_name!r} returned an invalid split: {exc}")
+            return None
+        for ids in out:
+            cut = {composite_of[i] for i in ids if i in composite_of}
+            for k in cut:
+                if not all(j in ids for j in group if composite_of.get(j) == k):
+                    self.faults.add(plugin, "byoc_register_rules",
+                                    f"rule {rule_name!r} split a composite pattern apart "
+                                    f"(node {self.nodes[ids[0]].name!r})")
+                    return None
+        if not self._acyclic_with(others + out):
+            self.faults.add(plugin, "byoc_register_rules",
+                            f"rule {rule_name!r} claims nodes that would form a cycle "
+                            f"(node {self.nodes[out[0][0]].name!r})")
+            return None
+        for i in members - used:
+            self._mark_dropped([i], f"{target.name}:{rule_name}")
+        return out
+
+    def _mark_dropped(self, group: Sequence[int], rule: str) -> None:
+        for i in group:
+            rec = self.records[self.nodes[i].name]
+            rec.rule = rec.rule or rule
+
+    def _region_view(self, target: str, group: Sequence[int], pattern_of: Mapping[int, str]) -> Region:
+        nodes = [self.nodes[i] for i in sorted(group)]
+        inputs, outputs, _ = _io(nodes)
+        patterns = {self.nodes[i].name: pattern_of[i] for i in group if i in pattern_of}
+        return Region(name="", target=target, nodes=nodes, inputs=inputs, outputs=outputs, patterns=patterns)
+
+    def _partition_target(self, target: Target) -> None:
+        opts = self.options.get(target.name, {})
+        ctx = SupportContext(target.name, opts)
+        verdict_ok = [False] * len(self.nodes)
+        for i, node in enumerate(self.nodes):
+            reason = _verdict(self.registry, target.name, node, ctx, self.faults)
+            self.records[node.name].verdicts[target.name] = reason
+            verdict_ok[i] = reason is None
+        composites, pattern_of = self._composites(target, ctx)
+        unit_of, n_units = self._units(composites)
+        candidate = [False] * n_units
+        n_placed = len(self.placed)
+        for k in range(len(composites)):
+            candidate[n_placed + k] = True
+        for i in range(len(self.nodes)):
+            u = unit_of[i]
+            if u >= n_placed + len(composites) and self.region_of[i] < 0 and verdict_ok[i]:
+                candidate[u] = True
+        members_of: dict[int, list[int]] = {}
+        for i, u in enumerate(unit_of):
+            members_of.setdefault(u, []).append(i)
+        unit_groups = form_regions(len(self.nodes), self.preds, unit_of, n_units, candidate)
+        groups = [sorted(i for u in g for i in members_of[u]) for g in unit_groups]
+        groups = self._apply_rules(target, groups, pattern_of, composites)
+        for group in groups:
+            rid = len(self.placed)
+            self.placed.append((target.name, group, {i: pattern_of[i] for i in group if i in pattern_of}))
+            for i in group:
+                self.region_of[i] = rid
+
+    # -- all targets --------------------------------------------------------------------------
+
+    def run(self) -> PartitionResult:
+        for target in self.targets:
+            self._partition_target(target)
+        # defensive: the whole placement must contract to a DAG
+        unit_of, n_units = self._units([])
+        if not is_acyclic(len(self.nodes), self.preds, unit_of, n_units):  # pragma: no cover - guarded above
+            raise PluginError("internal error: the partition has a cycle")
+        regions = []
+        counters: dict[str, int] = {}
+        for target, members, patterns in sorted(self.placed, key=lambda p: p[1][0]):
+            k = counters.get(target, 0)
+            counters[target] = k + 1
+            name = f"{target}_{k}"
+            nodes = [self.nodes[i] for i in members]
+            region = Region(name=name, target=target, nodes=nodes,
+                            patterns={self.nodes[i].name: p for i, p in patterns.items()})
+            outline(region, self.model)
+            regions.append(region)
+            for node in nodes:
+                rec = self.records[node.name]
+                rec.device, rec.region = target, name
+                rec.pattern = region.patterns.get(node.name)
+        return PartitionResult(regions, self.records, self.faults.items)
+
+
+def artifact_json(metadata: Mapping[str, Any]) -> str:
+    """Canonical JSON of artifact metadata (sorted keys) or a TypeError naming the problem."""
+    return json.dumps(metadata, sort_keys=True, separators=(",", ":"))

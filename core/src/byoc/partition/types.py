@@ -1,0 +1,157 @@
+"""The objects plugins and the partitioner exchange."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+if TYPE_CHECKING:  # pragma: no cover
+    from byoc.partition.patterns import PatternExpr
+
+
+@dataclass
+class Target:
+    """A device a plugin provides.
+
+    :param name: unique target name (``"jetson"``); patterns are named ``"<name>.<pattern>"``.
+    :param version: the plugin's version, recorded in bundles.
+    :param description: one line for ``byoc targets``.
+    :param device: device kind, e.g. ``"gpu"``, ``"dpu"``, ``"cpu"``.
+    :param options: default options; ``byoc.compile(..., target_options={name: {...}})`` overrides.
+    :param rtol: relative tolerance of this target's numerics vs the host reference.
+    :param atol: absolute tolerance.
+    :param priority: default priority when ``targets=None`` (higher first).
+    :param api_version: the hook API version the plugin was built for.
+    """
+
+    name: str
+    version: str = "0"
+    description: str = ""
+    device: str = "accelerator"
+    options: dict[str, Any] = field(default_factory=dict)
+    rtol: float = 1e-4
+    atol: float = 1e-5
+    priority: int = 0
+    api_version: int = 1
+    #: filled in by the plugin manager
+    plugin: str = ""
+    distribution: str = ""
+    #: what ``byoc targets`` shows as the active runtime path (e.g. "emulation", "tensorrt")
+    runtime_path: str = ""
+
+
+@dataclass(frozen=True)
+class SupportContext:
+    """What an operator check sees besides the node."""
+
+    target: str
+    options: Mapping[str, Any]
+
+    @staticmethod
+    def shape(value: ir.Value | None) -> tuple | None:
+        """Static shape of ``value`` (ints; ``None`` for unknown dims) or ``None``."""
+        if value is None or value.shape is None:
+            return None
+        return tuple(d if isinstance(d, int) else None for d in value.shape)
+
+    @staticmethod
+    def const(value: ir.Value | None) -> np.ndarray | None:
+        """The compile-time constant behind ``value``, or ``None``."""
+        if value is None or value.const_value is None or value.is_graph_input():
+            return None
+        return value.const_value.numpy()
+
+    @staticmethod
+    def dtype(value: ir.Value | None) -> ir.DataType | None:
+        return None if value is None else value.dtype
+
+
+#: ``check(node, ctx) -> True | None | False | str`` (a string is the rejection reason)
+SupportCheck = Callable[[ir.Node, SupportContext], Any]
+
+
+@dataclass
+class Pattern:
+    """A named composite pattern: ``name`` is ``"<target>.<pattern>"``.
+
+    :param expr: the dataflow pattern (see :mod:`byoc.partition.patterns`).
+    :param check: optional ``check(match, ctx) -> True | None | False | str``.
+    :param priority: larger tries first; default: the pattern's node count (longest match wins).
+    """
+
+    name: str
+    expr: "PatternExpr"
+    check: Callable[..., Any] | None = None
+    priority: int | None = None
+    description: str = ""
+
+
+@dataclass
+class Rule:
+    """A partition rule: ``fn(region) -> None | True | False | str | list[list[ir.Node]]``.
+
+    ``None``/``True`` keeps the region, ``False`` or a reason drops it, a list of node lists
+    splits it (each part becomes its own region; parts that would form a cycle are refused).
+    """
+
+    name: str
+    fn: Callable[["Region"], Any]
+    description: str = ""
+
+
+@dataclass
+class Region:
+    """A group of nodes placed on one target, outlined as a standalone model."""
+
+    name: str
+    target: str
+    nodes: list[ir.Node]
+    #: values flowing in from outside (graph inputs or other regions/host), in a fixed order
+    inputs: list[ir.Value] = field(default_factory=list)
+    #: values used outside the region or graph outputs, in a fixed order
+    outputs: list[ir.Value] = field(default_factory=list)
+    #: composite pattern name per node name (nodes fused into a pattern)
+    patterns: dict[str, str] = field(default_factory=dict)
+    #: the standalone body: inputs/outputs as above, constants used inside bound as initializers
+    model: ir.Model | None = None
+
+    @property
+    def op_types(self) -> list[str]:
+        return [n.op_type for n in self.nodes]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+
+@dataclass
+class Artifact:
+    """What a vendor's code generator produces for one region.
+
+    ``data`` is opaque bytes (an engine, a program, generated source); ``metadata`` must be
+    JSON-serialisable and hold at least ``inputs`` and ``outputs`` (value names, in call order).
+    Artifacts are stored in bundles as-is: never pickled, never executed by byoc on load.
+    """
+
+    target: str
+    format: str
+    data: bytes
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sha256(self) -> str:
+        h = hashlib.sha256(self.data)
+        h.update(json.dumps(self.metadata, sort_keys=True).encode())
+        return h.hexdigest()
+
+    @property
+    def input_names(self) -> Sequence[str]:
+        return self.metadata.get("inputs", [])
+
+    @property
+    def output_names(self) -> Sequence[str]:
+        return self.metadata.get("outputs", [])

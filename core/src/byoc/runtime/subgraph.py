@@ -1,0 +1,45 @@
+"""Run a standalone (region) model on the host kernels.
+
+Used wherever a region must run without its vendor: the host fallback of a bundle whose
+plugin is missing, emulated runtimes (e.g. Jetson without a GPU), and test plugins.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from byoc.budget import DEFAULT_BUDGET, Budget
+from byoc.runtime.plan import Plan, build_plan
+
+
+class HostCallable:
+    """``HostCallable(model)(*inputs) -> list of outputs``, in the model's input/output order."""
+
+    def __init__(self, model: ir.Model | onnx.ModelProto | bytes, budget: Budget = DEFAULT_BUDGET):
+        if isinstance(model, (bytes, bytearray)):
+            model = onnx.ModelProto.FromString(bytes(model))
+        if isinstance(model, onnx.ModelProto):
+            model = ir.from_proto(model)
+        self.plan: Plan = build_plan(model.graph, budget=budget)
+        self.input_names = [s.name for s in self.plan.input_specs()]
+        self.output_names = self.plan.output_names()
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        out = self.plan.execute(dict(zip(self.input_names, inputs)))
+        return [out[name] for name in self.output_names]
+
+
+def host_callable(model: ir.Model | onnx.ModelProto | bytes, budget: Budget = DEFAULT_BUDGET) -> HostCallable:
+    return HostCallable(model, budget)
+
+
+def region_model_bytes(model: ir.Model) -> bytes:
+    """Deterministic serialisation of a region body."""
+    return ir.to_proto(model).SerializeToString(deterministic=True)
+
+
+__all__ = ["HostCallable", "host_callable", "region_model_bytes"]
