@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -17,7 +16,7 @@ from byoc.frontend.loader import ModelLike
 from byoc.partition.partitioner import NodeRecord, Partitioner, _Faults, ensure_node_names
 from byoc.partition.types import Artifact, Region, Target
 from byoc.passes.simplify import drop_legacy_initializer_inputs
-from byoc.plugins import PluginFault, Registry, get_registry
+from byoc.plugins import Registry, get_registry
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.plan import build_plan
 

@@ -24,7 +24,7 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover
     import onnx_ir as ir
 
-    from byoc.partition.types import Artifact, Pattern, Region, Rule, Target, SupportCheck
+    from byoc.partition.types import Artifact, Pattern, Region, Rule, Target
 
 #: version of this hook API; a plugin declares the version it was built for in its Target
 HOOK_API_VERSION = 1

@@ -173,7 +173,7 @@ def build_plan(
         optional = v.name in graph.initializers  # an initializer listed as input
         shape = None if v.shape is None else tuple(d if isinstance(d, int) else (d.value if hasattr(d, "value") else None) for d in v.shape)
         input_slots.append((InputSpec(v.name, value_dtype(v), shape, optional), slot_of(v)))
-    for name, v in graph.initializers.items():
+    for v in graph.initializers.values():
         if v.const_value is not None:
             constants.append((slot_of(v), v.const_value.numpy()))
 

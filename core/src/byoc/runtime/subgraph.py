@@ -6,7 +6,6 @@ plugin is missing, emulated runtimes (e.g. Jetson without a GPU), and test plugi
 
 from __future__ import annotations
 
-from typing import Sequence
 
 import numpy as np
 import onnx

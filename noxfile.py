@@ -1,0 +1,47 @@
+"""Developer sessions: `nox -s demo` (the main job), `bench`, `lint`, `fuzz`, `tests`."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["demo"]
+nox.options.reuse_existing_virtualenvs = True
+
+PLUGINS = []  # plugin folders under plugins/ that exist are installed too
+
+
+def _install(session: nox.Session, *extras: str) -> None:
+    from pathlib import Path
+
+    session.install("-e", f"./core[{','.join(('test',) + extras)}]")
+    for folder in sorted(Path("plugins").glob("byoc-*")):
+        if (folder / "pyproject.toml").exists():
+            session.install("-e", str(folder))
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Compile ResNet-50 from the onnx wheel with every installed target, run it, compare with onnxruntime."""
+    _install(session)
+    session.run("python", "examples/demo.py", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """byoc vs onnxruntime on the nine model-zoo architectures (medians, cold and warm)."""
+    _install(session)
+    session.run("python", "benchmarks/bench_models.py", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over every package."""
+    session.install("ruff>=0.4")
+    session.run("ruff", "check", "core", "plugins", "tests", "benchmarks", "examples", "noxfile.py")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole test-suite through tox (same as CI)."""
+    session.install("tox>=4.11")
+    session.run("tox", *session.posargs)
