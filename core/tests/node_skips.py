@@ -5,7 +5,10 @@ supported-operator cases that are still skipped, and why.
 """
 
 #: test case name -> reason
-SKIPS: dict[str, str] = {}
+SKIPS: dict[str, str] = {
+    "test_scan_sum": "opset-8 Scan has a batch axis; onnx's version converter rewrites the model to the opset-9 "
+    "form without it, so the opset-8 test data no longer fits the converted interface",
+}
 
 #: test case name prefixes -> reason (a whole family of cases)
 SKIP_PREFIXES: dict[str, str] = {}

@@ -16,6 +16,16 @@ from byoc.kernels import is_supported
 from node_skips import skip_reason
 
 
+def _all_nodes(graph):
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.g is not None and attr.HasField("g"):
+                yield from _all_nodes(attr.g)
+            for sub in attr.graphs:
+                yield from _all_nodes(sub)
+
+
 def _cases():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -27,7 +37,7 @@ def _cases():
         graph = case.model.graph
         if not graph.node:
             continue
-        if all(is_supported(n.op_type, n.domain) for n in graph.node):
+        if all(is_supported(n.op_type, n.domain) for n in _all_nodes(graph)):
             out.append(case)
     return out
 

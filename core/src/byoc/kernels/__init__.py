@@ -16,6 +16,7 @@ from byoc.kernels import (  # noqa: E402,F401  isort: skip
     norm,
     tensor,
     resize,
+    control_flow,
 )
 
 __all__ = ["NodeSpec", "get_factory", "is_supported", "kernel", "make_kernel", "supported_ops"]

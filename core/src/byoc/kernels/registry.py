@@ -58,6 +58,10 @@ class NodeSpec:
     #: which inputs are compile-time constants (value known), for kernels that pre-pack
     const_inputs: dict[int, np.ndarray] = field(default_factory=dict)
     budget: Budget = DEFAULT_BUDGET
+    #: outer-scope values the node's subgraphs read (If/Loop/Scan); they arrive after the inputs
+    captured: list[Any] = field(default_factory=list)
+    #: the plan's step factory, for kernels that build plans of their own subgraphs
+    step_factory: Callable[..., Any] | None = None
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)

@@ -109,8 +109,10 @@ class Plan:
         inputs: list[tuple[InputSpec, int]],
         outputs: list[tuple[str, int]],
         constants: list[tuple[int, np.ndarray]],
+        extra_slots: Sequence[int] = (),
     ):
         self.steps = tuple(steps)
+        self.extra_slots = tuple(extra_slots)
         self.n_slots = n_slots
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
@@ -130,6 +132,24 @@ class Plan:
         for spec, slot in self.inputs:
             if spec.name in feeds:
                 env[slot] = feeds[spec.name]
+        self._run(env)
+        return {name: env[slot] for name, slot in self.outputs}
+
+    def run_positional(self, args: Sequence[Any]) -> list[Any]:
+        """Run with the graph inputs then the captured values, in order; outputs in order.
+
+        Used for subgraph bodies; no feed validation (the caller built the arguments).
+        """
+        env = list(self._base)
+        n = len(self.inputs)
+        for (_, slot), value in zip(self.inputs, args[:n]):
+            env[slot] = value
+        for slot, value in zip(self.extra_slots, args[n:]):
+            env[slot] = value
+        self._run(env)
+        return [env[slot] for _, slot in self.outputs]
+
+    def _run(self, env: list[Any]) -> None:
         step = None
         try:
             for step in self.steps:
@@ -145,7 +165,52 @@ class Plan:
         except Exception as exc:
             assert step is not None
             raise KernelError(f"node {step.name!r} ({step.op_type}) failed: {type(exc).__name__}: {exc}") from exc
-        return {name: env[slot] for name, slot in self.outputs}
+
+
+def _subgraphs(node: ir.Node) -> list[ir.Graph]:
+    graphs = []
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            graphs.append(attr.value)
+        elif attr.type == ir.AttributeType.GRAPHS:
+            graphs.extend(attr.value)
+    return graphs
+
+
+def captured_values(graphs: Sequence[ir.Graph]) -> list[ir.Value]:
+    """Outer-scope values the given subgraphs (and their nested subgraphs) read, in first-use order."""
+    inner: set[int] = set()
+    ordered: list[ir.Value] = []
+
+    def visit(g: ir.Graph) -> None:
+        inner.add(id(g))
+        for node in g:
+            for sub in _subgraphs(node):
+                visit(sub)
+
+    for g in graphs:
+        visit(g)
+    seen: set[int] = set()
+
+    def collect(g: ir.Graph) -> None:
+        for node in g:
+            for v in node.inputs:
+                if v is None or id(v) in seen:
+                    continue
+                owner = v.graph
+                if owner is None or id(owner) not in inner:
+                    seen.add(id(v))
+                    ordered.append(v)
+            for sub in _subgraphs(node):
+                collect(sub)
+        for v in g.outputs:  # a body may return an outer value directly
+            if id(v) not in seen and (v.graph is None or id(v.graph) not in inner):
+                seen.add(id(v))
+                ordered.append(v)
+
+    for g in graphs:
+        collect(g)
+    return ordered
 
 
 def build_plan(
@@ -153,11 +218,15 @@ def build_plan(
     *,
     budget: Budget = DEFAULT_BUDGET,
     step_factory: Callable[[ir.Node, NodeSpec], Callable] | None = None,
+    captured: Sequence[ir.Value] = (),
 ) -> Plan:
     """Lower ``graph`` (topologically sorted) to a :class:`Plan`.
 
     ``step_factory(node, spec)`` can supply the run function for a node (used for offloaded
-    regions); by default the host kernel registry does.
+    regions); by default the host kernel registry does. ``captured`` lists outer-scope values a
+    subgraph reads; :meth:`Plan.run_positional` feeds them after the graph inputs. A node with
+    subgraphs (If, Loop, Scan) receives the values its bodies capture after its own inputs, and
+    finds them in ``spec.captured``.
     """
     slots: dict[int, int] = {}  # id(value) -> slot
 
@@ -173,14 +242,22 @@ def build_plan(
         optional = v.name in graph.initializers  # an initializer listed as input
         shape = None if v.shape is None else tuple(d if isinstance(d, int) else (d.value if hasattr(d, "value") else None) for d in v.shape)
         input_slots.append((InputSpec(v.name, value_dtype(v), shape, optional), slot_of(v)))
+    extra_slots = [slot_of(v) for v in captured]
     for v in graph.initializers.values():
         if v.const_value is not None:
             constants.append((slot_of(v), v.const_value.numpy()))
 
     nodes = list(graph)
+    node_inputs: list[list[ir.Value | None]] = []
+    node_captures: list[list[ir.Value]] = []
+    for node in nodes:
+        subs = _subgraphs(node)
+        caps = captured_values(subs) if subs else []
+        node_captures.append(caps)
+        node_inputs.append(list(node.inputs) + caps)
     last_use: dict[int, int] = {}
-    for idx, node in enumerate(nodes):
-        for v in node.inputs:
+    for idx, values in enumerate(node_inputs):
+        for v in values:
             if v is not None:
                 last_use[slot_of(v)] = idx
     keep = {slot_of(v) for v in graph.outputs}
@@ -193,13 +270,15 @@ def build_plan(
     for idx, node in enumerate(nodes):
         opset = opset_of(graph, node.domain or "")
         spec = node_spec(node, opset, budget)
+        spec.captured = node_captures[idx]
+        spec.step_factory = step_factory
         run = step_factory(node, spec) if step_factory is not None else None
         if run is None:
             run = make_kernel(spec)
         steps.append(
             Step(
                 run=run,
-                inputs=tuple(slot_of(v) if v is not None else -1 for v in node.inputs),
+                inputs=tuple(slot_of(v) if v is not None else -1 for v in node_inputs[idx]),
                 outputs=tuple(slot_of(v) if v.uses() or v.is_graph_output() else -1 for v in node.outputs),
                 release=tuple(releases.get(idx, ())),
                 name=node.name or f"#{idx}",
@@ -207,7 +286,7 @@ def build_plan(
             )
         )
     outputs = [(v.name, slot_of(v)) for v in graph.outputs]
-    return Plan(steps, len(slots), input_slots, outputs, constants)
+    return Plan(steps, len(slots), input_slots, outputs, constants, extra_slots)
 
 
 def check_feeds(specs: Sequence[InputSpec], feeds: dict[str, Any]) -> dict[str, np.ndarray]:

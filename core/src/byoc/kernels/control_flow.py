@@ -1,0 +1,133 @@
+"""If, Loop and Scan: subgraphs run as plans of their own on the host.
+
+A body is lowered once, when the node's kernel is built, to a :class:`~byoc.runtime.plan.Plan`.
+Values the body reads from outer scopes arrive after the node's own inputs (see
+``NodeSpec.captured``) and are passed on to the body positionally.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from byoc.errors import ResourceLimitError
+from byoc.kernels.registry import NodeSpec, kernel
+
+
+def _body_plan(spec: NodeSpec, graph):
+    from byoc.runtime.plan import build_plan
+
+    return build_plan(graph, budget=spec.budget, step_factory=spec.step_factory, captured=spec.captured)
+
+
+def _split_args(spec: NodeSpec, args: tuple) -> tuple[tuple, tuple]:
+    n = len(args) - len(spec.captured)
+    return args[:n], args[n:]
+
+
+@kernel("If")
+def make_if(spec: NodeSpec):
+    then_plan = _body_plan(spec, spec.attrs["then_branch"])
+    else_plan = _body_plan(spec, spec.attrs["else_branch"])
+
+    def run(*args):
+        (cond,), captured = _split_args(spec, args)
+        if cond is None or np.size(cond) != 1:
+            raise spec.error(f"condition must be a single boolean, got shape {np.shape(cond)}")
+        plan = then_plan if bool(np.asarray(cond).reshape(())) else else_plan
+        return tuple(plan.run_positional(captured))
+
+    return run
+
+
+def _stack(spec: NodeSpec, items: list[np.ndarray], axis: int = 0, reverse: bool = False) -> np.ndarray:
+    if reverse:
+        items = items[::-1]
+    if not items:
+        return np.zeros((0,), dtype=np.float32)
+    shape = (len(items),) + np.shape(items[0])
+    spec.check_alloc(shape, np.asarray(items[0]).dtype)
+    return np.stack(items, axis=axis)
+
+
+@kernel("Loop")
+def make_loop(spec: NodeSpec):
+    body = spec.attrs["body"]
+    plan = _body_plan(spec, body)
+    n_carried = len(body.inputs) - 2
+    max_iter = spec.budget.max_loop_iterations
+
+    def run(*args):
+        own, captured = _split_args(spec, args)
+        trip, cond = own[0] if len(own) > 0 else None, own[1] if len(own) > 1 else None
+        carried = list(own[2:2 + n_carried])
+        limit = None if trip is None else int(np.asarray(trip).reshape(()))
+        if limit is not None and limit > max_iter:
+            raise ResourceLimitError(
+                f"{spec.label}: trip count {limit} exceeds the budget max_loop_iterations={max_iter}"
+            )
+        keep_going = True if cond is None else bool(np.asarray(cond).reshape(()))
+        scans: list[list[np.ndarray]] = []
+        i = 0
+        while keep_going and (limit is None or i < limit):
+            if i >= max_iter:
+                raise ResourceLimitError(
+                    f"{spec.label}: more than max_loop_iterations={max_iter} iterations; raise the budget "
+                    "or check the loop condition"
+                )
+            outs = plan.run_positional([np.array(i, dtype=np.int64), np.array(keep_going)] + carried + list(captured))
+            keep_going = bool(np.asarray(outs[0]).reshape(()))
+            carried = list(outs[1:1 + n_carried])
+            scan_outs = outs[1 + n_carried:]
+            if not scans:
+                scans = [[] for _ in scan_outs]
+            for acc, value in zip(scans, scan_outs):
+                acc.append(value)
+            i += 1
+        n_scan = len(spec.attrs["body"].outputs) - 1 - n_carried
+        stacked = [_stack(spec, acc) for acc in scans] if scans else [np.zeros((0,), np.float32)] * n_scan
+        return tuple(carried) + tuple(stacked)
+
+    return run
+
+
+@kernel("Scan")
+def make_scan(spec: NodeSpec):
+    body = spec.attrs["body"]
+    plan = _body_plan(spec, body)
+    m = int(spec.attrs["num_scan_inputs"])
+    n_state = len(body.inputs) - m
+    k = len(body.outputs) - n_state
+    in_axes = list(spec.attrs.get("scan_input_axes", [0] * m))
+    in_dirs = list(spec.attrs.get("scan_input_directions", [0] * m))
+    out_axes = list(spec.attrs.get("scan_output_axes", [0] * k))
+    out_dirs = list(spec.attrs.get("scan_output_directions", [0] * k))
+
+    def run(*args):
+        own, captured = _split_args(spec, args)
+        states = list(own[:n_state])
+        scans_in = [np.asarray(x) for x in own[n_state:n_state + m]]
+        axes = [a + x.ndim if a < 0 else a for a, x in zip(in_axes, scans_in)]
+        lengths = {x.shape[a] for x, a in zip(scans_in, axes)}
+        if len(lengths) > 1:
+            raise spec.error(f"scan inputs disagree on the sequence length: {sorted(lengths)}")
+        steps = lengths.pop() if lengths else 0
+        collected: list[list[np.ndarray]] = [[] for _ in range(k)]
+        for t in range(steps):
+            slices = []
+            for x, a, d in zip(scans_in, axes, in_dirs):
+                idx = steps - 1 - t if d else t
+                slices.append(np.take(x, idx, axis=a))
+            outs = plan.run_positional(states + slices + list(captured))
+            states = list(outs[:n_state])
+            for acc, value in zip(collected, outs[n_state:]):
+                acc.append(np.asarray(value))
+        results = []
+        for acc, a, d in zip(collected, out_axes, out_dirs):
+            if not acc:
+                results.append(np.zeros((0,), np.float32))
+                continue
+            rank = acc[0].ndim + 1
+            results.append(_stack(spec, acc, axis=a + rank if a < 0 else a, reverse=bool(d)))
+        return tuple(states) + tuple(results)
+
+    return run
