@@ -13,7 +13,14 @@ from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.errors import ByocError, OptionError, PluginError
 from byoc.frontend import load_model
 from byoc.frontend.loader import ModelLike
-from byoc.partition.partitioner import NodeRecord, Partitioner, _Faults, ensure_node_names
+from byoc.partition.partitioner import (
+    NodeRecord,
+    Partitioner,
+    _Faults,
+    ensure_node_names,
+    region_io,
+    subgraph_scopes,
+)
 from byoc.partition.types import Artifact, Region, Target
 from byoc.passes.simplify import drop_legacy_initializer_inputs
 from byoc.plugins import Registry, get_registry
@@ -138,16 +145,23 @@ def codegen_region(registry: Registry, region: Region, options: Mapping[str, Any
     return CompiledRegion(region, artifact, plugin_rt, fn)
 
 
-def substitute_regions(graph: ir.Graph, compiled: Sequence[CompiledRegion]) -> None:
-    """Replace each region's nodes with one ``byoc::Region`` node, keeping value names."""
+def substitute_regions(compiled: Sequence[CompiledRegion]) -> None:
+    """Replace each region's nodes with one ``byoc::Region`` node in their graph, keeping value names."""
     from byoc.passes.base import replace_value
 
+    touched: dict[int, ir.Graph] = {}
     for cr in compiled:
         region = cr.region
+        graph = region.nodes[0].graph
+        touched[id(graph)] = graph
+        # an earlier substitution may have replaced values this region reads: take them afresh
+        inputs, _, _ = region_io(region.nodes)
+        assert [v.name for v in inputs] == list(cr.artifact.input_names), region.name
+        region.inputs = inputs
         node = ir.Node(
             REGION_DOMAIN,
             REGION_OP,
-            list(region.inputs),
+            list(inputs),
             attributes=[ir.AttrString("target", region.target), ir.AttrString("region", region.name)],
             num_outputs=len(region.outputs),
             name=region.name,
@@ -158,9 +172,8 @@ def substitute_regions(graph: ir.Graph, compiled: Sequence[CompiledRegion]) -> N
             replace_value(old, new)
         graph.remove(region.nodes, safe=True)
         region.outputs = list(node.outputs)
-    graph.sort()
-    if REGION_DOMAIN not in graph.opset_imports and compiled:
-        graph.opset_imports[REGION_DOMAIN] = 1
+    for graph in touched.values():
+        graph.sort()
 
 
 def _check_host_kernels(graph: ir.Graph) -> None:
@@ -170,7 +183,7 @@ def _check_host_kernels(graph: ir.Graph) -> None:
 
     bad = [
         (n.name, n.domain or "ai.onnx", n.op_type)
-        for n in graph
+        for n in ir.traversal.RecursiveGraphIterator(graph)
         if n.domain != REGION_DOMAIN and not is_supported(n.op_type, n.domain)
     ]
     if bad:
@@ -226,10 +239,17 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     records: dict[str, NodeRecord]
     compiled_regions: list[CompiledRegion] = []
     if selected:
-        result = Partitioner(ir_model, registry, selected, options, strict).run()
-        faults.items.extend(result.faults)
-        records = result.records
-        for region in result.regions:
+        # the main graph first, then every subgraph (If branches, Loop/Scan bodies) on its own:
+        # a region never spans a subgraph boundary
+        counters: dict[str, int] = {}
+        records, regions = {}, []
+        for graph, scope in [(ir_model.graph, "")] + subgraph_scopes(ir_model.graph):
+            result = Partitioner(ir_model, registry, selected, options, strict, graph=graph, scope=scope,
+                                 counters=counters).run()
+            faults.items.extend(result.faults)
+            records.update(result.records)
+            regions.extend(result.regions)
+        for region in regions:
             opts = options[region.target]
             for plugin, _, exc in registry.call_each("byoc_post_partition", target=region.target, region=region,
                                                       options=opts):
@@ -244,11 +264,15 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
                     rec.device, rec.region, rec.pattern, rec.fallback = "host", None, None, reason
                 continue
             compiled_regions.append(cr)
-        substitute_regions(ir_model.graph, compiled_regions)
+        substitute_regions(compiled_regions)
         _check_host_kernels(ir_model.graph)
     else:
         records = {n.name: NodeRecord(n.name, n.op_type) for n in ir_model.graph}
+        for graph, scope in subgraph_scopes(ir_model.graph):
+            records.update({n.name: NodeRecord(n.name, n.op_type, scope=scope) for n in graph})
 
+    if compiled_regions and REGION_DOMAIN not in ir_model.graph.opset_imports:
+        ir_model.graph.opset_imports[REGION_DOMAIN] = 1
     by_name = {cr.region.name: cr for cr in compiled_regions}
 
     def step_factory(node: ir.Node, spec):

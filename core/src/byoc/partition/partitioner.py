@@ -42,6 +42,9 @@ class NodeRecord:
     rule: str | None = None
     #: why the node's region fell back to the host after being placed (plugin fault)
     fallback: str | None = None
+    #: where the node lives: ``""`` for the main graph, else the path of its subgraph
+    #: (``"<control-flow node>/<attribute>"``, nested with ``/``)
+    scope: str = ""
 
 
 @dataclass
@@ -66,9 +69,9 @@ class _Faults:
 
 
 def ensure_node_names(graph: ir.Graph) -> None:
-    """Give every node a unique, stable name (the report and the errors use them)."""
+    """Give every node, subgraphs included, a unique, stable name (the report and errors use them)."""
     seen: set[str] = set()
-    for i, node in enumerate(graph):
+    for i, node in enumerate(ir.traversal.RecursiveGraphIterator(graph)):
         name = node.name or f"{node.op_type}_{i}"
         base, k = name, 1
         while name in seen:
@@ -76,6 +79,20 @@ def ensure_node_names(graph: ir.Graph) -> None:
             k += 1
         node.name = name
         seen.add(name)
+
+
+def subgraph_scopes(graph: ir.Graph, scope: str = "") -> list[tuple[ir.Graph, str]]:
+    """Every subgraph below ``graph`` with its scope path, e.g. ``"if_0/then_branch"``, outermost first."""
+    out = []
+    for node in graph:
+        for key, attr in node.attributes.items():
+            subs = [attr.value] if attr.type == ir.AttributeType.GRAPH else (
+                list(attr.value) if attr.type == ir.AttributeType.GRAPHS else [])
+            for j, sub in enumerate(subs):
+                path = f"{scope}{node.name}/{key}" + (f"[{j}]" if attr.type == ir.AttributeType.GRAPHS else "")
+                out.append((sub, path))
+                out.extend(subgraph_scopes(sub, path + "/"))
+    return out
 
 
 def _verdict(registry: Registry, target: str, node: ir.Node, ctx: SupportContext, faults: _Faults) -> str | None:
@@ -111,7 +128,7 @@ def _verdict(registry: Registry, target: str, node: ir.Node, ctx: SupportContext
     return "; ".join(reasons)
 
 
-def _io(nodes: Sequence[ir.Node]) -> tuple[list[ir.Value], list[ir.Value], list[ir.Value]]:
+def region_io(nodes: Sequence[ir.Node]) -> tuple[list[ir.Value], list[ir.Value], list[ir.Value]]:
     """(inputs, outputs, bound constants) of a node group, in a deterministic order."""
     inside = set(map(id, nodes))
     inputs, consts, seen = [], [], set()
@@ -137,7 +154,7 @@ def _io(nodes: Sequence[ir.Node]) -> tuple[list[ir.Value], list[ir.Value], list[
 
 def outline(region: Region, model: ir.Model) -> None:
     """Fill ``region.inputs``/``outputs`` and build its standalone body ``region.model``."""
-    inputs, outputs, consts = _io(region.nodes)
+    inputs, outputs, consts = region_io(region.nodes)
     region.inputs, region.outputs = inputs, outputs
     node_protos = []
     for node in region.nodes:
@@ -163,9 +180,12 @@ def outline(region: Region, model: ir.Model) -> None:
 
 class Partitioner:
     def __init__(self, model: ir.Model, registry: Registry, targets: Sequence[Target],
-                 options: Mapping[str, Mapping[str, Any]], strict: bool = False):
+                 options: Mapping[str, Mapping[str, Any]], strict: bool = False, *,
+                 graph: ir.Graph | None = None, scope: str = "", counters: dict[str, int] | None = None):
         self.model = model
-        self.graph = model.graph
+        self.graph = model.graph if graph is None else graph
+        self.scope = scope
+        self.counters = counters if counters is not None else {}
         self.registry = registry
         self.targets = list(targets)
         self.options = options
@@ -181,7 +201,7 @@ class Partitioner:
                     if p is not None and id(p) in self.index:
                         ps.add(self.index[id(p)])
             self.preds.append(sorted(ps))
-        self.records = {n.name: NodeRecord(n.name, n.op_type) for n in self.nodes}
+        self.records = {n.name: NodeRecord(n.name, n.op_type, scope=scope) for n in self.nodes}
         # placement: node index -> region id (index into self.placed), -1 while free
         self.region_of = [-1] * len(self.nodes)
         self.placed: list[tuple[str, list[int], dict[int, str]]] = []  # (target, node ids, patterns)
@@ -318,7 +338,7 @@ class Partitioner:
 
     def _region_view(self, target: str, group: Sequence[int], pattern_of: Mapping[int, str]) -> Region:
         nodes = [self.nodes[i] for i in sorted(group)]
-        inputs, outputs, _ = _io(nodes)
+        inputs, outputs, _ = region_io(nodes)
         patterns = {self.nodes[i].name: pattern_of[i] for i in group if i in pattern_of}
         return Region(name="", target=target, nodes=nodes, inputs=inputs, outputs=outputs, patterns=patterns)
 
@@ -362,7 +382,7 @@ class Partitioner:
         if not is_acyclic(len(self.nodes), self.preds, unit_of, n_units):  # pragma: no cover - guarded above
             raise PluginError("internal error: the partition has a cycle")
         regions = []
-        counters: dict[str, int] = {}
+        counters = self.counters
         for target, members, patterns in sorted(self.placed, key=lambda p: p[1][0]):
             k = counters.get(target, 0)
             counters[target] = k + 1
