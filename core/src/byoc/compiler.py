@@ -218,6 +218,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     :returns: a :class:`CompiledModel`.
     """
     from byoc import passes as _passes
+    from byoc.runtime.specialize import Specializer, has_symbolic_inputs
 
     budget = budget or DEFAULT_BUDGET
     registry = registry if registry is not None else (get_registry() if targets != [] else None)
@@ -226,6 +227,20 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
 
     ir_model = load_model(model, budget=budget, require_kernels=not selected)
     drop_legacy_initializer_inputs(ir_model)
+    static = [t for t in selected if t.shape_policy != "dynamic"]
+    if static:
+        proto = ir.to_proto(ir_model)
+        if has_symbolic_inputs(proto):
+            # compile once without the static-shape targets; specialise per shape on first use
+            dynamic = [t.name for t in selected if t.shape_policy == "dynamic"]
+            kwargs = dict(passes=passes, budget=budget, strict=strict, registry=registry)
+            base = compile(proto, dynamic, target_options={k: v for k, v in (target_options or {}).items()
+                                                          if k in dynamic}, **kwargs)
+            names = [t.name for t in selected]
+            base.specializer = Specializer(
+                base, proto, static, lambda p: compile(p, names, target_options=target_options, **kwargs))
+            base.options["shape_policy"] = {t.name: t.shape_policy for t in selected}
+            return base
     _passes.run_passes(ir_model, passes, budget=budget)
     ensure_node_names(ir_model.graph)
 

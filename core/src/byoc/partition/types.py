@@ -27,6 +27,11 @@ class Target:
     :param atol: absolute tolerance.
     :param priority: default priority when ``targets=None`` (higher first).
     :param api_version: the hook API version the plugin was built for.
+    :param shape_policy: ``"dynamic"`` (artifacts accept any input shapes), ``"static"`` (byoc
+        specialises the model per concrete input shapes, caching up to ``max_specializations``,
+        then runs new shapes on the remaining targets/host) or ``"buckets"`` (specialise only for
+        the input shapes listed in ``shape_buckets``).
+    :param shape_buckets: for ``"buckets"``: a list of ``{input name: shape}`` dicts.
     """
 
     name: str
@@ -38,6 +43,9 @@ class Target:
     atol: float = 1e-5
     priority: int = 0
     api_version: int = 1
+    shape_policy: str = "dynamic"
+    shape_buckets: list[dict[str, tuple[int, ...]]] = field(default_factory=list)
+    max_specializations: int = 8
     #: filled in by the plugin manager
     plugin: str = ""
     distribution: str = ""

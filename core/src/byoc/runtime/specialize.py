@@ -1,0 +1,109 @@
+"""Symbolic input dimensions and targets that need static shapes.
+
+A model whose inputs have named or unknown dimensions compiles once. Targets declare a shape
+policy (:attr:`byoc.Target.shape_policy`): ``dynamic`` targets take part in that compile;
+``static`` and ``buckets`` targets cannot, so byoc compiles a *specialisation* per concrete input
+shapes the first time they are seen (``static``: any shapes, up to the target's
+``max_specializations``; ``buckets``: only the listed shapes) and caches it. Shapes without a
+specialisation run on the shape-agnostic base compile (dynamic targets and the host).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+import onnx
+
+if TYPE_CHECKING:  # pragma: no cover
+    from byoc.partition.types import Target
+    from byoc.runtime.compiled import CompiledModel
+
+ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def has_symbolic_inputs(proto: onnx.ModelProto) -> bool:
+    inits = {t.name for t in proto.graph.initializer}
+    for value in proto.graph.input:
+        if value.name in inits or not value.type.HasField("tensor_type"):
+            continue
+        tt = value.type.tensor_type
+        if not tt.HasField("shape"):
+            return True
+        if any(not d.HasField("dim_value") for d in tt.shape.dim):
+            return True
+    return False
+
+
+def with_input_shapes(proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """A copy of ``proto`` whose graph inputs have the given concrete shapes."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    for value in out.graph.input:
+        if value.name in shapes:
+            dims = value.type.tensor_type.shape.dim
+            del dims[:]
+            for d in shapes[value.name]:
+                dims.add().dim_value = int(d)
+    for vi in list(out.graph.value_info):  # stale symbolic shapes would contradict the new ones
+        out.graph.value_info.remove(vi)
+    return out
+
+
+class Specializer:
+    """Chooses, per call, the compiled model for the feeds' concrete shapes."""
+
+    def __init__(
+        self,
+        base: "CompiledModel",
+        proto: onnx.ModelProto,
+        static_targets: Sequence["Target"],
+        compile_fn: Callable[[onnx.ModelProto], "CompiledModel"],
+    ):
+        self.base = base
+        self.proto = proto
+        self.static_targets = list(static_targets)
+        self.compile_fn = compile_fn
+        self.cache: dict[ShapeKey, "CompiledModel"] = {}
+        self.refused: set[ShapeKey] = set()
+        self._lock = threading.Lock()
+
+    def _allowed(self, key: ShapeKey) -> bool:
+        shapes = dict(key)
+        for t in self.static_targets:
+            if t.shape_policy == "buckets":
+                if any(all(tuple(shapes.get(k, ())) == tuple(v) for k, v in b.items()) for b in t.shape_buckets):
+                    return True
+            elif len(self.cache) < t.max_specializations:
+                return True
+        return False
+
+    def select(self, feeds: dict[str, Any]) -> "CompiledModel":
+        key: ShapeKey = tuple(sorted((name, tuple(np.shape(v))) for name, v in feeds.items()))
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        if key in self.refused:
+            return self.base
+        with self._lock:
+            if key in self.cache:
+                return self.cache[key]
+            if not self._allowed(key):
+                self.refused.add(key)
+                names = ", ".join(t.name for t in self.static_targets)
+                warnings.warn(
+                    f"no specialisation for input shapes {dict(key)} (targets {names}: shape policy/limit); "
+                    "running them without those targets", stacklevel=3)
+                return self.base
+            compiled = self.compile_fn(with_input_shapes(self.proto, dict(key)))
+            self.cache[key] = compiled
+            return compiled
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "static_targets": [t.name for t in self.static_targets],
+            "specialisations": [dict(k) for k in self.cache],
+            "refused": [dict(k) for k in self.refused],
+        }
