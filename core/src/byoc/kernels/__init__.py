@@ -17,6 +17,7 @@ from byoc.kernels import (  # noqa: E402,F401  isort: skip
     tensor,
     resize,
     control_flow,
+    rnn,
 )
 
 __all__ = ["NodeSpec", "get_factory", "is_supported", "kernel", "make_kernel", "supported_ops"]
