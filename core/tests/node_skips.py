@@ -13,11 +13,19 @@ SKIPS: dict[str, str] = {
 #: test case name prefixes -> reason (a whole family of cases)
 SKIP_PREFIXES: dict[str, str] = {}
 
+#: test case name suffixes -> reason
+SKIP_SUFFIXES: dict[str, str] = {
+    "_bfloat16": "bfloat16 has no numpy dtype; byoc's kernels compute in numpy dtypes",
+}
+
 
 def skip_reason(name: str) -> str | None:
     if name in SKIPS:
         return SKIPS[name]
     for prefix, reason in SKIP_PREFIXES.items():
         if name.startswith(prefix):
+            return reason
+    for suffix, reason in SKIP_SUFFIXES.items():
+        if name.endswith(suffix):
             return reason
     return None

@@ -18,6 +18,7 @@ from byoc.kernels import (  # noqa: E402,F401  isort: skip
     resize,
     control_flow,
     rnn,
+    indexing,
 )
 
 __all__ = ["NodeSpec", "get_factory", "is_supported", "kernel", "make_kernel", "supported_ops"]

@@ -1,0 +1,169 @@
+"""Indexing and sequence helpers: ScatterND, ScatterElements, CumSum, NonZero, TopK, Trilu, Einsum."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from byoc.kernels.registry import NodeSpec, kernel
+
+_REDUCE = {
+    "none": None,
+    "add": np.add,
+    "mul": np.multiply,
+    "max": np.maximum,
+    "min": np.minimum,
+}
+
+
+def _reduction(spec: NodeSpec):
+    name = spec.attr("reduction", "none")
+    if name not in _REDUCE:
+        raise spec.error(f"reduction must be one of {sorted(_REDUCE)}, got {name!r}")
+    return _REDUCE[name]
+
+
+def _normalise_indices(spec: NodeSpec, idx: np.ndarray, dims) -> np.ndarray:
+    idx = idx.astype(np.int64)
+    dims = np.asarray(dims, dtype=np.int64)
+    idx = np.where(idx < 0, idx + dims, idx)
+    if np.any(idx < 0) or np.any(idx >= dims):
+        raise spec.error(f"index out of range for dimensions {dims.tolist()}")
+    return idx
+
+
+@kernel("ScatterND")
+def make_scatter_nd(spec: NodeSpec):
+    op = _reduction(spec)
+
+    def run(data, indices, updates):
+        out = data.copy()
+        k = indices.shape[-1]
+        idx = _normalise_indices(spec, indices.reshape(-1, k), data.shape[:k])
+        upd = updates.reshape((idx.shape[0],) + data.shape[k:])
+        key = tuple(idx.T)
+        if op is None:
+            out[key] = upd
+        else:
+            op.at(out, key, upd)
+        return (out,)
+
+    return run
+
+
+@kernel("ScatterElements", "Scatter")
+def make_scatter_elements(spec: NodeSpec):
+    op = _reduction(spec)
+    axis = int(spec.attr("axis", 0))
+
+    def run(data, indices, updates):
+        out = data.copy()
+        ax = axis + data.ndim if axis < 0 else axis
+        idx = _normalise_indices(spec, indices, data.shape[ax])
+        grid = list(np.indices(indices.shape, sparse=True))
+        grid[ax] = idx
+        key = tuple(grid)
+        if op is None:
+            out[key] = updates
+        else:
+            op.at(out, key, updates)
+        return (out,)
+
+    return run
+
+
+@numba.njit(cache=True)
+def _cumsum_lastaxis(x, exclusive, reverse):
+    rows, n = x.shape
+    out = np.empty_like(x)
+    for r in range(rows):
+        acc = x.dtype.type(0)
+        for j in range(n):
+            i = n - 1 - j if reverse else j
+            if exclusive:
+                out[r, i] = acc
+                acc += x[r, i]
+            else:
+                acc += x[r, i]
+                out[r, i] = acc
+    return out
+
+
+@kernel("CumSum")
+def make_cumsum(spec: NodeSpec):
+    exclusive = bool(spec.attr("exclusive", 0))
+    reverse = bool(spec.attr("reverse", 0))
+
+    def run(x, axis):
+        ax = int(np.asarray(axis).reshape(()))
+        if not -x.ndim <= ax < x.ndim:
+            raise spec.error(f"axis {ax} out of range for rank {x.ndim}")
+        moved = np.moveaxis(x, ax, -1)
+        flat = np.ascontiguousarray(moved).reshape(-1, moved.shape[-1] if moved.ndim else 1)
+        out = _cumsum_lastaxis(flat, exclusive, reverse).reshape(moved.shape)
+        return (np.ascontiguousarray(np.moveaxis(out, -1, ax)),)
+
+    return run
+
+
+@kernel("NonZero")
+def make_nonzero(spec: NodeSpec):
+    def run(x):
+        if x.ndim == 0:
+            return (np.zeros((0, int(bool(x))), dtype=np.int64),)
+        return (np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1),)
+
+    return run
+
+
+@kernel("TopK")
+def make_topk(spec: NodeSpec):
+    axis = int(spec.attr("axis", -1))
+    largest = bool(spec.attr("largest", 1))
+    sorted_ = bool(spec.attr("sorted", 1))
+
+    def run(x, k):
+        kk = int(np.asarray(k).reshape(-1)[0])
+        ax = axis + x.ndim if axis < 0 else axis
+        if kk < 0 or kk > x.shape[ax]:
+            raise spec.error(f"K={kk} out of range for axis {ax} of length {x.shape[ax]}")
+        # stable sort keeps the smaller index first among equal values, as ONNX asks
+        if largest:
+            key = np.iinfo(x.dtype).max - x if x.dtype.kind == "u" else -x
+        else:
+            key = x
+        order = np.argsort(key, axis=ax, kind="stable")
+        idx = np.take(order, np.arange(kk), axis=ax)
+        if not sorted_:
+            idx = np.sort(idx, axis=ax)
+        values = np.take_along_axis(x, idx, axis=ax)
+        return values, idx.astype(np.int64)
+
+    return run
+
+
+@kernel("Trilu")
+def make_trilu(spec: NodeSpec):
+    upper = bool(spec.attr("upper", 1))
+
+    def run(x, k=None):
+        kk = 0 if k is None else int(np.asarray(k).reshape(()))
+        return ((np.triu(x, kk) if upper else np.tril(x, kk)).astype(x.dtype, copy=False),)
+
+    return run
+
+
+@kernel("Einsum")
+def make_einsum(spec: NodeSpec):
+    equation = spec.attr("equation")
+    if not isinstance(equation, str) or not equation:
+        raise spec.error("the equation attribute is required")
+    equation = equation.replace(" ", "")
+
+    def run(*operands):
+        try:
+            return (np.asarray(np.einsum(equation, *operands, optimize=len(operands) > 2)),)
+        except ValueError as exc:
+            raise spec.error(f"equation {equation!r}: {exc}") from None
+
+    return run
