@@ -266,12 +266,15 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
             regions.extend(result.regions)
         for region in regions:
             opts = options[region.target]
+            post_failed = False
             for plugin, _, exc in registry.call_each("byoc_post_partition", target=region.target, region=region,
                                                       options=opts):
                 if exc is not None:
+                    post_failed = True
                     faults.add(plugin, "byoc_post_partition", f"raised {type(exc).__name__}: {exc} "
                                f"(region {region.name!r})")
-            cr = codegen_region(registry, region, opts, faults)
+            # a pass that failed half-way may have left the body broken: that region runs on the host
+            cr = None if post_failed else codegen_region(registry, region, opts, faults)
             if cr is None:
                 reason = faults.items[-1].message if faults.items else "plugin fault"
                 for node in region.nodes:

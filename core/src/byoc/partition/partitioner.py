@@ -307,7 +307,7 @@ class Partitioner:
         try:
             for part in parts:
                 ids = sorted(self.index[id(n)] for n in part)
-                if not ids or any(i not in members or i in used for i in ids):
+                if not ids or len(set(ids)) != len(ids) or any(i not in members or i in used for i in ids):
                     raise ValueError("parts must be non-empty, disjoint subsets of the region")
                 used.update(ids)
                 out.append(ids)

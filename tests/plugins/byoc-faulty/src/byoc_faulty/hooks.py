@@ -1,0 +1,161 @@
+"""Target ``faultchip``: a working emulated chip with one hook broken on demand.
+
+``BYOC_FAULT`` names the broken hook (see the README). ``faultchip`` has priority 10, above
+``testchip`` (-100), so a region it loses falls to testchip (the "next target") or the host.
+Unless ``BYOC_FAULT`` names one of :data:`MODES`, the module registers nothing.
+"""
+
+from __future__ import annotations
+
+import byoc
+from byoc.partition import Pattern, Rule, any_value, op
+from byoc.runtime.subgraph import host_callable, region_model_bytes
+
+from byoc_faulty import __version__, active, modes
+
+TARGET = "faultchip"
+OPERATORS = ("Relu", "Neg", "Add", "Mul", "Sigmoid", "Tanh")
+
+
+#: the values of ``BYOC_FAULT`` that switch faultchip on ("ok": working, the others: one hook broken)
+MODES = frozenset({
+    "ok", "targets-raise", "targets-wrong-type", "operators-raise", "check-raise", "check-wrong-type",
+    "pattern-raise", "rule-raise", "rule-wrong-type", "rule-cycle", "rule-bad-split", "pre-partition-raise",
+    "post-partition-raise", "codegen-raise", "codegen-wrong-type", "codegen-bad-metadata", "codegen-none",
+    "runtime-raise", "runtime-wrong-type", "callable-raise", "callable-wrong-arity", "cost-raise",
+})
+
+
+def _on() -> bool:
+    return bool(modes() & MODES)
+
+
+class FaultyPluginError(RuntimeError):
+    """What the broken hooks raise (tests look for this name in warnings and errors)."""
+
+
+def _mine(target: str) -> bool:
+    return target == TARGET and _on()
+
+
+@byoc.hookimpl
+def byoc_register_targets(register):
+    if not _on():
+        return
+    if active("targets-raise"):
+        raise FaultyPluginError("simulated failure in byoc_register_targets")
+    if active("targets-wrong-type"):
+        register(TARGET)  # a string, not a byoc.Target
+        return
+    register(byoc.Target(TARGET, version=__version__, description="fault-injection chip", device="npu",
+                         priority=10, rtol=0.0, atol=0.0))
+
+
+def _check(node, ctx):
+    if active("check-raise"):
+        raise FaultyPluginError(f"simulated failure checking {node.name}")
+    if active("check-wrong-type"):
+        return 42
+    return True
+
+
+@byoc.hookimpl
+def byoc_register_operators(target, register):
+    if not _mine(target):
+        return
+    if active("operators-raise"):
+        raise FaultyPluginError("simulated failure in byoc_register_operators")
+    for op_type in OPERATORS:
+        register(op_type, _check)
+
+
+def _pattern_check(match, ctx):
+    if active("pattern-raise"):
+        raise FaultyPluginError(f"simulated failure matching at {match.root.name}")
+    return True
+
+
+@byoc.hookimpl
+def byoc_register_patterns(target, register):
+    # only where a test looks at it: a composite is placed on its pattern check alone, so it
+    # would keep Neg/Relu on faultchip when the operator checks are the fault under test
+    if _mine(target) and (active("ok") or active("pattern-raise")):
+        register(Pattern(f"{TARGET}.neg_relu", op("Relu", op("Neg", any_value())), check=_pattern_check))
+
+
+def _rule(region):
+    nodes = region.nodes
+    if active("rule-raise"):
+        raise FaultyPluginError(f"simulated failure in a rule at {nodes[0].name}")
+    if active("rule-wrong-type"):
+        return 3.5
+    if active("rule-cycle") and len(nodes) >= 3:
+        # first and last node in one part, the middle in another: on a chain a -> b -> c the
+        # parts {a, c} and {b} depend on each other
+        return [[nodes[0], nodes[-1]], nodes[1:-1]]
+    if active("rule-bad-split"):
+        return [[nodes[0], nodes[0]]]  # the same node twice
+    return None
+
+
+@byoc.hookimpl
+def byoc_register_rules(target, register):
+    if _mine(target):
+        register(Rule("shape_up", _rule, "misbehaves on demand"))
+
+
+@byoc.hookimpl
+def byoc_pre_partition(target, model, options):
+    if _mine(target) and active("pre-partition-raise"):
+        raise FaultyPluginError("simulated failure in byoc_pre_partition")
+
+
+@byoc.hookimpl
+def byoc_post_partition(target, region, options):
+    if _mine(target) and active("post-partition-raise"):
+        raise FaultyPluginError(f"simulated failure in byoc_post_partition for {region.name}")
+
+
+@byoc.hookimpl
+def byoc_codegen(target, region, options):
+    if not _mine(target):
+        return None
+    if active("codegen-raise"):
+        raise FaultyPluginError(f"simulated failure generating {region.name}")
+    if active("codegen-wrong-type"):
+        return region_model_bytes(region.model)  # bytes, not an Artifact
+    if active("codegen-none"):
+        return None
+    metadata = {"inputs": [v.name for v in region.inputs], "outputs": [v.name for v in region.outputs]}
+    if active("codegen-bad-metadata"):
+        metadata["engine"] = object()  # not JSON-serialisable
+    return byoc.Artifact(TARGET, "onnx", region_model_bytes(region.model), metadata)
+
+
+def _raising(*inputs):
+    raise FaultyPluginError("simulated device error while running")
+
+
+@byoc.hookimpl
+def byoc_runtime(target, artifact, options):
+    if not _mine(target):
+        return None
+    if active("runtime-raise"):
+        raise FaultyPluginError("simulated failure loading the engine")
+    if active("runtime-wrong-type"):
+        return 42
+    if active("callable-raise"):
+        return _raising
+    program = host_callable(artifact.data)
+    if active("callable-wrong-arity"):
+        return lambda *inputs: program(*inputs)[:-1]
+    return program
+
+
+@byoc.hookimpl
+def byoc_cost(target, region, options):
+    if not _mine(target):
+        return None
+    if active("cost-raise"):
+        raise FaultyPluginError("simulated failure estimating cost")
+    return 1e-6 * len(region.nodes)
