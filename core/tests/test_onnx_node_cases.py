@@ -46,7 +46,11 @@ CASES = _cases()
 
 
 def _as_array(x):
-    return x if isinstance(x, np.ndarray) else None
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, np.generic):  # some cases store scalars as numpy scalars
+        return np.asarray(x)
+    return None
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -63,6 +67,8 @@ def test_node_case(case):
     for inputs, expected in case.data_sets:
         if any(_as_array(x) is None for x in list(inputs) + list(expected)):
             pytest.skip("non-tensor input or output (sequence/optional/map)")
+        inputs = [_as_array(x) for x in inputs]
+        expected = [_as_array(x) for x in expected]
         outputs = rep.run(dict(zip(input_names, inputs)))
         assert len(outputs) == len(expected)
         for i, (got, want) in enumerate(zip(outputs, expected)):
