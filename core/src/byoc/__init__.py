@@ -17,11 +17,16 @@ from byoc.errors import (
     KernelError,
     ModelLoadError,
     ModelValidationError,
+    OptionError,
     PluginError,
     ResourceLimitError,
+    RunCancelledError,
+    RunTimeoutError,
     UnsupportedOperatorError,
 )
+from byoc.runtime.bundle import load
 from byoc.runtime.compiled import CompiledModel
+from byoc.runtime.control import CancelHandle
 
 __version__ = "0.1.0"
 
@@ -37,15 +42,20 @@ __all__ = [
     "Budget",
     "BundleError",
     "ByocError",
+    "CancelHandle",
     "CompiledModel",
+    "RunCancelledError",
+    "RunTimeoutError",
     "ExternalDataError",
     "InputError",
     "KernelError",
     "ModelLoadError",
     "ModelValidationError",
+    "OptionError",
     "PluginError",
     "ResourceLimitError",
     "UnsupportedOperatorError",
     "__version__",
     "compile",
+    "load",
 ]

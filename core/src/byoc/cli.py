@@ -77,9 +77,15 @@ def _shape(v) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     import byoc
+    from byoc.runtime.bundle import is_bundle
 
     feeds = _parse_inputs(args.input or [])
-    compiled = byoc.compile(args.model, targets=args.target if args.target is not None else None)
+    if is_bundle(args.model):
+        if args.target is not None:
+            raise InputError(f"{args.model} is a bundle: its targets were fixed when it was compiled; drop --target")
+        compiled = byoc.load(args.model, fallback="host" if args.host_fallback else None)
+    else:
+        compiled = byoc.compile(args.model, targets=args.target if args.target is not None else None)
     outputs = compiled.run(feeds)
     out_dir = Path(args.output_dir) if args.output_dir else None
     if out_dir is not None:
@@ -91,6 +97,21 @@ def cmd_run(args: argparse.Namespace) -> int:
             target = out_dir / (_safe_filename(name) + ".npy")
             np.save(target, arr, allow_pickle=False)
             print(f"  -> {target}")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    import byoc
+
+    out = Path(args.output) if args.output else Path(args.model).with_suffix(".byoc")
+    targets = [] if args.host_only else args.target
+    compiled = byoc.compile(args.model, targets=targets)
+    compiled.save(out)
+    placed = collections.Counter(rec.device for rec in compiled.records.values())
+    print(f"regions: {len(compiled.regions)}   nodes: " + ", ".join(f"{d} {n}" for d, n in sorted(placed.items())))
+    for fault in compiled.faults:
+        print(f"fallback: {fault}")
+    print(f"bundle: {out} ({out.stat().st_size} bytes)")
     return 0
 
 
@@ -110,8 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("run", help="compile and run a model on .npy inputs")
+    p = sub.add_parser("compile", help="compile a model and save it as one bundle file (MODEL.byoc)")
     p.add_argument("model")
+    p.add_argument("--output", "-o", metavar="FILE.byoc", help="the bundle to write (default: MODEL with suffix .byoc)")
+    p.add_argument("--target", "-t", action="append", metavar="TARGET",
+                   help="target to use, in priority order (repeat); default: every installed target")
+    p.add_argument("--host-only", action="store_true", help="use no target: everything runs on the host")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="compile and run a model (or run a .byoc bundle) on .npy inputs")
+    p.add_argument("model", help="an ONNX model, or a bundle written by `byoc compile`")
+    p.add_argument("--host-fallback", action="store_true",
+                   help="bundle only: run regions whose plugin is missing or of another version on the host")
     p.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy", help="an input (repeat for each)")
     p.add_argument("--output-dir", "-o", metavar="DIR", help="write each output as DIR/<name>.npy")
     p.add_argument("--target", "-t", action="append", metavar="TARGET",

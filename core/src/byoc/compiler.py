@@ -111,14 +111,19 @@ def guarded_runtime(fn: Callable, plugin: str, region_name: str, target: str, n_
     return run
 
 
+#: default limit for one codegen or runtime hook call, seconds
+HOOK_TIMEOUT = 600.0
+
+
 def codegen_region(registry: Registry, region: Region, options: Mapping[str, Any], faults: _Faults,
-                   artifact: Artifact | None = None) -> CompiledRegion | None:
+                   artifact: Artifact | None = None,
+                   hook_timeout: float | None = HOOK_TIMEOUT) -> CompiledRegion | None:
     """Run the codegen (unless ``artifact`` is given) and runtime hooks; ``None`` on a plugin fault."""
     target = region.target
     plugin = registry.targets[target].plugin if target in registry.targets else ""
     if artifact is None:
-        plugin_cg, result, hook_faults = registry.call_first("byoc_codegen", target=target, region=region,
-                                                              options=options)
+        plugin_cg, result, hook_faults = registry.call_first("byoc_codegen", timeout=hook_timeout, target=target,
+                                                              region=region, options=options)
         for f in hook_faults:
             faults.add(f.plugin, f.hook, f"{f.message} (region {region.name!r})")
         if result is None:
@@ -130,8 +135,8 @@ def codegen_region(registry: Registry, region: Region, options: Mapping[str, Any
         except (TypeError, ValueError) as exc:
             faults.add(plugin_cg, "byoc_codegen", f"{exc} (region {region.name!r})")
             return None
-    plugin_rt, fn, hook_faults = registry.call_first("byoc_runtime", target=target, artifact=artifact,
-                                                      options=options)
+    plugin_rt, fn, hook_faults = registry.call_first("byoc_runtime", timeout=hook_timeout, target=target,
+                                                      artifact=artifact, options=options)
     for f in hook_faults:
         faults.add(f.plugin, f.hook, f"{f.message} (region {region.name!r})")
     if fn is None or not callable(fn):
@@ -203,6 +208,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     target_options: Mapping[str, Mapping[str, Any]] | None = None,
     strict: bool = False,
     registry: Registry | None = None,
+    hook_timeout: float | None = HOOK_TIMEOUT,
 ) -> CompiledModel:
     """Compile an ONNX model.
 
@@ -215,6 +221,8 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     :param target_options: per-target option overrides, ``{"jetson": {"precision": "fp32"}}``.
     :param strict: raise :class:`byoc.PluginError` on any plugin fault instead of falling back.
     :param registry: the plugin registry to use (default: the installed plugins).
+    :param hook_timeout: seconds one codegen or runtime hook may take before its region falls
+        back (``None``: no limit).
     :returns: a :class:`CompiledModel`.
     """
     from byoc import passes as _passes
@@ -233,7 +241,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         if has_symbolic_inputs(proto):
             # compile once without the static-shape targets; specialise per shape on first use
             dynamic = [t.name for t in selected if t.shape_policy == "dynamic"]
-            kwargs = dict(passes=passes, budget=budget, strict=strict, registry=registry)
+            kwargs = dict(passes=passes, budget=budget, strict=strict, registry=registry, hook_timeout=hook_timeout)
             base = compile(proto, dynamic, target_options={k: v for k, v in (target_options or {}).items()
                                                           if k in dynamic}, **kwargs)
             names = [t.name for t in selected]
@@ -274,7 +282,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
                     faults.add(plugin, "byoc_post_partition", f"raised {type(exc).__name__}: {exc} "
                                f"(region {region.name!r})")
             # a pass that failed half-way may have left the body broken: that region runs on the host
-            cr = None if post_failed else codegen_region(registry, region, opts, faults)
+            cr = None if post_failed else codegen_region(registry, region, opts, faults, hook_timeout=hook_timeout)
             if cr is None:
                 reason = faults.items[-1].message if faults.items else "plugin fault"
                 for node in region.nodes:

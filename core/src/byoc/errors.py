@@ -50,6 +50,14 @@ class OptionError(ByocError, ValueError):
     """An invalid compile option: unknown pass or target name, bad option value."""
 
 
+class RunTimeoutError(ByocError):
+    """``CompiledModel.run(..., timeout=)`` ran out of time; the message names the node it reached."""
+
+
+class RunCancelledError(ByocError):
+    """A run was cancelled through its :class:`byoc.CancelHandle`."""
+
+
 class PluginError(ByocError):
     """A vendor plugin misbehaved; the message names the plugin and the hook."""
 
@@ -69,5 +77,7 @@ __all__ = [
     "OptionError",
     "PluginError",
     "ResourceLimitError",
+    "RunCancelledError",
+    "RunTimeoutError",
     "UnsupportedOperatorError",
 ]

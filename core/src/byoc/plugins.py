@@ -92,15 +92,23 @@ class Registry:
 
     # -- calling hooks one implementation at a time, so a fault names its plugin ------------
 
-    def call_each(self, hook_name: str, **kwargs: Any) -> Iterable[tuple[str, Any, BaseException | None]]:
-        """Call every implementation of ``hook_name``; yields ``(plugin, result, exception)``."""
+    def call_each(self, hook_name: str, *, timeout: float | None = None,
+                  **kwargs: Any) -> Iterable[tuple[str, Any, BaseException | None]]:
+        """Call every implementation of ``hook_name``; yields ``(plugin, result, exception)``.
+
+        With ``timeout``, an implementation that does not return in time yields a
+        :class:`HookTimeout` (its thread is left to finish in the background).
+        """
         hook = getattr(self.pm.hook, hook_name)
         for impl in reversed(hook.get_hookimpls()):  # registration order
             args = {k: kwargs[k] for k in impl.argnames if k in kwargs}
             if _TRACE:
                 logger.info("call %s.%s(%s)", impl.plugin_name, hook_name, ", ".join(args))
             try:
-                result = impl.function(**args)
+                if timeout is None:
+                    result = impl.function(**args)
+                else:
+                    result = _call_with_timeout(impl.function, args, timeout, f"{impl.plugin_name}.{hook_name}")
             except Exception as exc:  # the plugin's fault, reported by the caller
                 yield impl.plugin_name, None, exc
                 continue
@@ -108,16 +116,40 @@ class Registry:
                 logger.info("  %s.%s -> %r", impl.plugin_name, hook_name, result)
             yield impl.plugin_name, result, None
 
-    def call_first(self, hook_name: str, **kwargs: Any) -> tuple[str | None, Any, list[PluginFault]]:
+    def call_first(self, hook_name: str, *, timeout: float | None = None,
+                   **kwargs: Any) -> tuple[str | None, Any, list[PluginFault]]:
         """Like a ``firstresult`` hook, but a raising plugin is recorded, not fatal."""
         faults = []
-        for plugin, result, exc in self.call_each(hook_name, **kwargs):
+        for plugin, result, exc in self.call_each(hook_name, timeout=timeout, **kwargs):
             if exc is not None:
                 faults.append(PluginFault(plugin, hook_name, f"raised {type(exc).__name__}: {exc}"))
                 continue
             if result is not None:
                 return plugin, result, faults
         return None, None, faults
+
+
+class HookTimeout(Exception):
+    """A hook implementation did not return within its time limit."""
+
+
+def _call_with_timeout(fn: Callable[..., Any], args: dict[str, Any], timeout: float, label: str) -> Any:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn(**args)
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name=f"byoc-hook-{label}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise HookTimeout(f"did not return within {timeout:g} s (hook_timeout)")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
 
 
 _TRACE = os.environ.get("BYOC_TRACE", "") not in ("", "0")

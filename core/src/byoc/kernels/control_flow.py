@@ -11,6 +11,7 @@ import numpy as np
 
 from byoc.errors import ResourceLimitError
 from byoc.kernels.registry import NodeSpec, kernel
+from byoc.runtime import control
 
 
 def _body_plan(spec: NodeSpec, graph):
@@ -74,6 +75,7 @@ def make_loop(spec: NodeSpec):
                     f"{spec.label}: more than max_loop_iterations={max_iter} iterations; raise the budget "
                     "or check the loop condition"
                 )
+            control.check(f"{spec.label}, iteration {i}")
             outs = plan.run_positional([np.array(i, dtype=np.int64), np.array(keep_going)] + carried + list(captured))
             keep_going = bool(np.asarray(outs[0]).reshape(()))
             carried = list(outs[1:1 + n_carried])
@@ -113,6 +115,7 @@ def make_scan(spec: NodeSpec):
         steps = lengths.pop() if lengths else 0
         collected: list[list[np.ndarray]] = [[] for _ in range(k)]
         for t in range(steps):
+            control.check(f"{spec.label}, step {t}")
             slices = []
             for x, a, d in zip(scans_in, axes, in_dirs):
                 idx = steps - 1 - t if d else t

@@ -16,6 +16,7 @@ import onnx_ir as ir
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.errors import ByocError, InputError, KernelError
 from byoc.kernels.registry import NodeSpec, make_kernel
+from byoc.runtime import control as _control
 
 
 def attr_value(attr: ir.Attr) -> Any:
@@ -151,8 +152,11 @@ class Plan:
 
     def _run(self, env: list[Any]) -> None:
         step = None
+        ctrl = _control.current()
         try:
             for step in self.steps:
+                if ctrl is not None:
+                    ctrl.check(f"node {step.name!r} ({step.op_type})")
                 args = [env[i] if i >= 0 else None for i in step.inputs]
                 results = step.run(*args)
                 for slot, val in zip(step.outputs, results):

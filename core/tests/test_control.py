@@ -1,0 +1,119 @@
+"""Run time limits, cancellation, and the hook time limit at compile time."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+import byoc
+from byoc.plugins import build_registry
+from byoc.runtime.subgraph import host_callable, region_model_bytes
+
+
+def _counting_loop(trip_count: int):
+    body = h.make_graph(
+        [h.make_node("Identity", ["c_in"], ["c_out"]), h.make_node("Add", ["v_in", "one"], ["v_out"])],
+        "body",
+        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c_in", T.BOOL, []),
+         h.make_tensor_value_info("v_in", T.FLOAT, [1])],
+        [h.make_tensor_value_info("c_out", T.BOOL, []), h.make_tensor_value_info("v_out", T.FLOAT, [1])],
+        [nh.from_array(np.ones(1, np.float32), "one")],
+    )
+    graph = h.make_graph(
+        [h.make_node("Loop", ["M", "c", "v0"], ["v"], body=body, name="runaway")],
+        "g",
+        [h.make_tensor_value_info("v0", T.FLOAT, [1])],
+        [h.make_tensor_value_info("v", T.FLOAT, [1])],
+        [nh.from_array(np.array(trip_count, np.int64), "M"), nh.from_array(np.array(True), "c")],
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_trip_count_over_budget_is_refused_before_iterating():
+    compiled = byoc.compile(_counting_loop(10**15), targets=[])
+    t0 = time.perf_counter()
+    with pytest.raises(byoc.ResourceLimitError, match="runaway.*trip count 1000000000000000"):
+        compiled.run({"v0": np.zeros(1, np.float32)})
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_timeout_stops_a_runaway_loop():
+    compiled = byoc.compile(_counting_loop(10**15), targets=[], budget=byoc.Budget(max_loop_iterations=10**16))
+    small = byoc.compile(_counting_loop(3), targets=[])
+    assert small.run({"v0": np.zeros(1, np.float32)}, timeout=30)["v"].tolist() == [3.0]
+    t0 = time.perf_counter()
+    with pytest.raises(byoc.RunTimeoutError, match="runaway"):
+        compiled.run({"v0": np.zeros(1, np.float32)}, timeout=0.3)
+    assert time.perf_counter() - t0 < 3.0
+
+
+def test_cancel_from_another_thread():
+    compiled = byoc.compile(_counting_loop(10**15), targets=[], budget=byoc.Budget(max_loop_iterations=10**16))
+    handle = byoc.CancelHandle()
+    threading.Timer(0.2, handle.cancel).start()
+    with pytest.raises(byoc.RunCancelledError):
+        compiled.run({"v0": np.zeros(1, np.float32)}, cancel=handle)
+    assert handle.cancelled
+
+
+def test_bad_timeout_value_is_refused():
+    compiled = byoc.compile(_counting_loop(1), targets=[])
+    with pytest.raises(byoc.OptionError):
+        compiled.run({"v0": np.zeros(1, np.float32)}, timeout=0)
+
+
+class _SlowCodegen:
+    def __init__(self, delay: float):
+        self.delay = delay
+
+    @byoc.hookimpl
+    def byoc_register_targets(self, register):
+        register(byoc.Target("slow", version="1", device="npu"))
+
+    @byoc.hookimpl
+    def byoc_register_operators(self, target, register):
+        if target == "slow":
+            register("Relu")
+
+    @byoc.hookimpl
+    def byoc_codegen(self, target, region, options):
+        time.sleep(self.delay)
+        return byoc.Artifact("slow", "onnx", region_model_bytes(region.model))
+
+    @byoc.hookimpl
+    def byoc_runtime(self, target, artifact, options):
+        return host_callable(artifact.data)
+
+
+def _relu_model():
+    graph = h.make_graph([h.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [4])], [h.make_tensor_value_info("y", T.FLOAT, [4])])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_hanging_codegen_times_out_and_falls_back_to_host():
+    registry = build_registry([("slowplugin", _SlowCodegen(3.0))], entry_points=False)
+    t0 = time.perf_counter()
+    with pytest.warns(UserWarning, match="slowplugin.*byoc_codegen.*did not return within 0.3 s"):
+        compiled = byoc.compile(_relu_model(), registry=registry, hook_timeout=0.3)
+    assert time.perf_counter() - t0 < 2.5
+    assert compiled.regions == []
+    rec = compiled.records["relu"]
+    assert rec.device == "host" and "did not return" in rec.fallback
+    assert any(f.plugin == "slowplugin" and f.hook == "byoc_codegen" for f in compiled.faults)
+    x = np.array([-1, 0, 1, 2], np.float32)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], np.maximum(x, 0))
+    with pytest.raises(byoc.PluginError, match="slowplugin"):
+        byoc.compile(_relu_model(), registry=registry, hook_timeout=0.3, strict=True)
+
+
+def test_fast_codegen_is_unaffected_by_the_limit():
+    registry = build_registry([("fastplugin", _SlowCodegen(0.0))], entry_points=False)
+    compiled = byoc.compile(_relu_model(), registry=registry, hook_timeout=5)
+    assert [r.region.name for r in compiled.regions] == ["slow_0"]
