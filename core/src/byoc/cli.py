@@ -148,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", "-t", action="append", metavar="TARGET",
                    help="target to use, in priority order (repeat); default: every installed target")
     p.set_defaults(func=cmd_run)
+
+    from byoc.report.commands import add_commands  # explain, partition, targets, doctor
+
+    add_commands(sub)
     return parser
 
 

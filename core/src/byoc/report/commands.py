@@ -1,0 +1,212 @@
+"""``byoc explain``, ``byoc partition``, ``byoc targets`` and ``byoc doctor``.
+
+:func:`add_commands` adds them to the ``byoc`` command's sub-parsers (see :mod:`byoc.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from byoc.errors import ByocError, InputError
+
+#: above this size a partitioned model is written with its tensors as external data
+_PROTO_LIMIT = 1_800_000_000
+
+
+def _targets_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", "-t", action="append", metavar="TARGET",
+                   help="target to use, in priority order (repeat); default: every installed target")
+
+
+def _compile(args: argparse.Namespace):
+    import byoc
+
+    try:
+        from byoc.runtime.bundle import is_bundle, load
+    except ImportError:  # pragma: no cover - bundles are optional here
+        is_bundle = load = None
+    if is_bundle is not None and Path(args.model).is_file() and is_bundle(args.model):
+        if args.target is not None:
+            raise InputError(f"{args.model} is a bundle: its targets were fixed when it was compiled; drop --target")
+        # a region whose plugin is missing runs on the host; the report shows it as a fallback
+        return load(args.model, fallback="host")
+    return byoc.compile(args.model, targets=args.target, strict=args.strict)
+
+
+def _write(dest: str, text: str, what: str) -> None:
+    if dest == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        Path(dest).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write the {what} report to {dest}: {exc.strerror or exc}") from None
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from byoc.report import render
+
+    outputs = [(fmt, dest) for fmt, dest in (("json", args.json), ("dot", args.dot), ("html", args.html)) if dest]
+    if sum(dest == "-" for _, dest in outputs) > 1:
+        raise InputError("only one of --json/--dot/--html can write to stdout ('-')")
+    compiled = _compile(args)
+    data = compiled.report_data()
+    to_stdout = any(dest == "-" for _, dest in outputs)
+    if not to_stdout:
+        sys.stdout.write(render(data, "text"))
+    for fmt, dest in outputs:
+        _write(dest, render(data, fmt), fmt)
+        if dest != "-":
+            print(f"{fmt}: {dest}", file=sys.stderr)
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    import onnx
+
+    from byoc.report import partitioned_onnx
+
+    compiled = _compile(args)
+    proto = partitioned_onnx(compiled)
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:  # pragma: no cover - would be a byoc bug
+        raise ByocError(f"the partitioned model does not pass the ONNX checker: {exc}") from None
+    out = Path(args.output)
+    try:
+        if proto.ByteSize() > _PROTO_LIMIT:
+            onnx.save_model(proto, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=out.name + ".data")
+        else:
+            onnx.save_model(proto, str(out))
+    except OSError as exc:
+        raise InputError(f"cannot write {out}: {exc.strerror or exc}") from None
+    data = compiled.report_data()
+    by_dev = data["totals"]["by_device"]
+    placed = ", ".join(f"{dev} {d['nodes']}" for dev, d in by_dev.items() if d["nodes"])
+    print(f"wrote {out}: {len(compiled.regions)} region node(s) (domain 'byoc', op 'Region', body graph attribute "
+          f"'body'); nodes: {placed}")
+    for fault in compiled.faults:
+        print(f"fallback: {fault}")
+    return 0
+
+
+def _target_rows(registry: Any) -> list[dict[str, Any]]:
+    rows = []
+    for t in registry.ordered_targets():
+        rows.append({
+            "name": t.name,
+            "version": t.version,
+            "distribution": t.distribution or "-",
+            "device": t.device,
+            "operators": len(registry.operators.get(t.name, {})),
+            "patterns": len(registry.patterns.get(t.name, [])),
+            "rules": len(registry.rules.get(t.name, [])),
+            "runtime_path": t.runtime_path or "-",
+            "plugin": t.plugin,
+            "priority": t.priority,
+            "description": t.description,
+        })
+    return rows
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    from byoc.plugins import get_registry
+    from byoc.report.text import _table
+
+    registry = get_registry()
+    rows = _target_rows(registry)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no targets installed: everything runs on the host (pip install a byoc plugin, e.g. byoc-cpu)")
+    else:
+        cols = ["name", "version", "distribution", "device", "operators", "patterns", "rules", "runtime_path",
+                "description"]
+        heads = ["target", "version", "distribution", "device", "#operators", "#patterns", "#rules", "runtime path",
+                 "description"]
+        lines = _table(heads, [[str(r[c]) for c in cols] for r in rows], {4, 5, 6}, indent="")
+        print("\n".join(lines))
+    unusable = sorted(set(registry.conflicts) | set(registry.incompatible))
+    if unusable:
+        print(f"\nunusable targets: {', '.join(unusable)} (run `byoc doctor`)")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import os
+
+    from byoc import hookspecs
+    from byoc.plugins import get_registry
+
+    registry = get_registry()
+    env = os.environ.get("BYOC_PLUGINS")
+    print(f"hook API version: {hookspecs.HOOK_API_VERSION}"
+          + (f"   BYOC_PLUGINS={env!r} restricts the plugins loaded" if env is not None else ""))
+    print(f"plugins loaded ({len(registry.distributions)}):")
+    for name, (dist, version) in sorted(registry.distributions.items()):
+        owned = [t.name for t in registry.targets.values() if t.plugin == name]
+        print(f"  {name:<20} {(dist + ' ' + version).strip() or '(in-process)':<28} targets: {', '.join(owned) or '-'}")
+    print(f"usable targets: {', '.join(t.name for t in registry.ordered_targets()) or 'none'}")
+    problems = 0
+    broken = [f for f in registry.faults if f.kind not in ("duplicate", "api-version")]
+    if broken:
+        print(f"\nbroken plugins ({len(broken)}):")
+        for f in broken:
+            print(f"  [{f.kind}] {f}")
+        problems += len(broken)
+    if registry.conflicts:
+        print(f"\nduplicate targets ({len(registry.conflicts)}):")
+        for name, owners in sorted(registry.conflicts.items()):
+            dists = [" ".join(registry.distributions.get(o, ("", ""))).strip() or "in-process" for o in owners]
+            print(f"  target {name!r} is registered by plugins "
+                  + ", ".join(f"{o!r} ({d})" for o, d in zip(owners, dists))
+                  + "; uninstall one or restrict with BYOC_PLUGINS")
+        problems += len(registry.conflicts)
+    if registry.incompatible:
+        print(f"\nincompatible targets ({len(registry.incompatible)}):")
+        for name, t in sorted(registry.incompatible.items()):
+            dist = f" ({t.distribution})" if t.distribution else ""
+            print(f"  target {name!r} of plugin {t.plugin!r}{dist} was built for hook API version {t.api_version}; "
+                  f"byoc provides {hookspecs.HOOK_API_VERSION}: upgrade the plugin")
+        problems += len(registry.incompatible)
+    if problems:
+        print(f"\n{problems} problem(s) found")
+        return 1
+    print("\nno problems found")
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``explain``, ``partition``, ``targets`` and ``doctor`` to the ``byoc`` sub-parsers."""
+    p = sub.add_parser("explain", help="the placement report: where every node runs and why")
+    p.add_argument("model", help="an ONNX model (or a .byoc bundle)")
+    _targets_arg(p)
+    p.add_argument("--json", metavar="FILE|-", help="also write the report as JSON ('-': stdout, no table)")
+    p.add_argument("--dot", metavar="FILE|-", help="also write the graph as Graphviz DOT")
+    p.add_argument("--html", metavar="FILE|-", help="also write one self-contained HTML page")
+    p.add_argument("--strict", action="store_true", help="fail on a plugin fault instead of falling back")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("partition", help="write the partitioned model as ONNX (regions as byoc::Region nodes)")
+    p.add_argument("model", help="an ONNX model (or a .byoc bundle)")
+    _targets_arg(p)
+    p.add_argument("--output", "-o", required=True, metavar="OUT.onnx", help="the ONNX file to write")
+    p.add_argument("--strict", action="store_true", help="fail on a plugin fault instead of falling back")
+    p.set_defaults(func=cmd_partition)
+
+    p = sub.add_parser("targets", help="installed targets: version, distribution, device, operators, runtime")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_targets)
+
+    p = sub.add_parser("doctor", help="check the installed plugins (exit 1 on broken, duplicate or "
+                                      "incompatible plugins)")
+    p.set_defaults(func=cmd_doctor)
+
+
+__all__ = ["add_commands", "cmd_doctor", "cmd_explain", "cmd_partition", "cmd_targets"]
