@@ -238,3 +238,23 @@ def test_api_version_mismatch_is_reported(monkeypatch):
     assert devices(cm) == ["testchip"] * 6
     with pytest.raises(PluginError, match="hook API version 999"):
         byoc.compile(fault_chain(), targets=["oldchip"], registry=reg)
+
+
+def test_byoc_doctor_reports_every_registration_fault(monkeypatch, capsys):
+    import sys
+
+    import byoc.plugins
+    from byoc.cli import main
+
+    monkeypatch.delitem(sys.modules, "byoc_faulty.broken", raising=False)
+    monkeypatch.setattr(byoc.plugins, "_registry", None)  # the cached registry comes back afterwards
+    monkeypatch.setenv("BYOC_PLUGINS", "testchip,faulty_import,faulty_duplicate,faulty_api")
+    monkeypatch.setenv("BYOC_FAULT", "import,duplicate,api-version")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "faulty_import" in out and "byoc-faulty 0.1.0" in out and "ImportError" in out
+    assert "target 'testchip' is registered by plugins" in out and "'faulty_duplicate'" in out
+    assert "'oldchip'" in out and "hook API version 999" in out
+    assert "3 problem(s) found" in out
