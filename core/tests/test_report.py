@@ -336,7 +336,8 @@ def test_text_table_is_aligned_and_complete(small):
     # reasons are listed once as notes, rules and fallbacks in full, totals at the very end
     assert "Add: broadcasting not supported" in text
     assert "Sigmoid: operator not supported by npu" in text
-    assert "npu:needs_mac (no MAC op)" in text
+    assert "npu:needs_mac (no MAC op)" in text and "[R1] npu:needs_mac (no MAC op)  (2)" in text
+    assert [r[cols["rule"]:].split()[:2] for r in rows if "needs_mac" in r] == [["npu:needs_mac", "[R1]"]] * 2
     assert "Host fallbacks (placed on a target, running on the host instead)" in text and "nodes (1): sig" in text
     assert "Plugin faults (1):" in text and "compiler crashed" in text
     tail_lines = text.rstrip().splitlines()

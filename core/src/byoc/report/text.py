@@ -64,6 +64,7 @@ def render_text(data: dict[str, Any]) -> str:
 
     reasons = _Notes()
     fallbacks = _Notes("F")
+    rules = _Notes("R")
     any_fallback = any(n["fallback"] for n in nodes)
     any_scope = any(n.get("scope") for n in nodes)
     headers = ["#", "node"] + (["scope"] if any_scope else []) + ["op", "device", "region", "pattern", "flops"]
@@ -82,7 +83,8 @@ def render_text(data: dict[str, Any]) -> str:
                 row.append("ok")
             else:
                 row.append("no " + reasons.ref(n["verdicts"][t]))
-        row.append(n["rule"] or "-")
+        # the rule's name in the row, its full text (with the reason) once under the table
+        row.append(f"{n['rule'].split(' (', 1)[0]} {rules.ref(n['rule'])}" if n["rule"] else "-")
         if any_fallback:
             row.append(fallbacks.ref(n["fallback"]) if n["fallback"] else "-")
         rows.append(row)
@@ -104,14 +106,10 @@ def render_text(data: dict[str, Any]) -> str:
         lines += ["", "Verdict reasons (node count):"]
         for text, k in reasons.items.items():
             lines.append(f"  [{k}] {text}  ({reasons.counts[text]})")
-    dropped: dict[str, int] = {}
-    for n in nodes:
-        if n["rule"]:
-            dropped[n["rule"]] = dropped.get(n["rule"], 0) + 1
-    if dropped:
+    if rules.items:
         lines += ["", "Dropped by partition rules (node count):"]
-        for rule, count in dropped.items():
-            lines.append(f"  {rule}  ({count})")
+        for text, k in rules.items.items():
+            lines.append(f"  [R{k}] {text}  ({rules.counts[text]})")
     if not fallbacks.items:
         lines += ["", "Host fallbacks: none"]
     else:
