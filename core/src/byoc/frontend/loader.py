@@ -1,11 +1,26 @@
 """Load an ONNX model from a path, bytes, ``onnx.ModelProto`` or ``onnx_ir.Model``.
 
 Every failure is a :class:`byoc.errors.ByocError` that names the file, node or tensor.
-Budgets are checked on *declared* sizes before any tensor data is materialised.
+The order of the steps is part of the safety design:
+
+1. read and parse the protobuf (size-limited; empty, truncated, corrupt input refused);
+2. :func:`validate.check_text`: every string field is valid UTF-8;
+3. :func:`validate.check_structure`: node/nesting/tensor budgets on *declared* sizes, tensor
+   payloads against dims/dtype, duplicate and dangling names, cycles; graphs get sorted;
+4. :func:`external.prepare`: every external data reference is checked and its file opened;
+5. the ONNX checker (its failures become :class:`ModelValidationError`; inputs/outputs of
+   unknown rank are accepted);
+6. external data is read into the tensors;
+7. older opsets are converted to :data:`CANONICAL_OPSET` (a failure is a warning);
+8. one error listing every node without a kernel (nodes with an operator unknown to ONNX are
+   reported this way before the checker runs), then conversion to ``onnx_ir``.
+
+The C++ checker and version converter therefore only ever see structurally sound models.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
@@ -13,98 +28,252 @@ from typing import Union
 
 import onnx
 import onnx_ir as ir
-from google.protobuf.message import DecodeError
 
-from byoc.budget import DEFAULT_BUDGET, Budget
-from byoc.errors import ModelLoadError, ModelValidationError
-from byoc.frontend import validate
+from byoc.budget import DEFAULT_BUDGET, Budget, _fmt_bytes
+from byoc.errors import ByocError, ModelLoadError, ModelValidationError, ResourceLimitError
+from byoc.frontend import external, validate
 
 #: every model is converted to this opset of the default domain when it is older
 CANONICAL_OPSET = 21
 
-ModelLike = Union[str, os.PathLike, bytes, bytearray, onnx.ModelProto, ir.Model]
+#: protobuf cannot parse or serialise a message of 2 GiB or more
+_PROTOBUF_LIMIT = (1 << 31) - 1
+
+ModelLike = Union[str, os.PathLike, bytes, bytearray, memoryview, onnx.ModelProto, ir.Model]
 
 
-def _read_proto(model: ModelLike) -> tuple[onnx.ModelProto, Path | None]:
+class ModelConversionWarning(UserWarning):
+    """The ONNX version converter could not bring the model to the canonical opset."""
+
+
+def _read_proto(model: ModelLike, budget: Budget) -> tuple[onnx.ModelProto, str, Path | None]:
+    """Return ``(private copy of the proto, how messages name it, folder of the model file)``."""
     if isinstance(model, ir.Model):
-        return ir.to_proto(model), None
+        try:
+            proto = ir.to_proto(model)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot serialise the onnx_ir.Model: {type(exc).__name__}: {exc}") from None
+        return proto, "<onnx_ir.Model>", _ir_base_dir(model)
     if isinstance(model, onnx.ModelProto):
-        return model, None
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)  # never modify the caller's proto
+        return proto, "<ModelProto>", None
     if isinstance(model, (bytes, bytearray, memoryview)):
-        return _parse(bytes(model), "<bytes>"), None
+        return _parse(bytes(model), "<bytes>"), "<bytes>", None
     if isinstance(model, (str, os.PathLike)):
-        path = Path(model)
-        if not path.exists():
-            raise ModelLoadError(f"model file not found: {path}")
-        if not path.is_file():
-            raise ModelLoadError(f"not a regular file: {path}")
-        data = path.read_bytes()
-        return _parse(data, str(path)), path.resolve().parent
+        return _read_file(model, budget)
     raise ModelLoadError(
-        f"cannot load a model from {type(model).__name__}; "
-        "give a path, bytes, onnx.ModelProto or onnx_ir.Model"
+        f"cannot load a model from {type(model).__name__}; give a path, bytes, onnx.ModelProto or onnx_ir.Model"
     )
+
+
+def _read_file(model: str | os.PathLike, budget: Budget) -> tuple[onnx.ModelProto, str, Path | None]:
+    try:
+        path = Path(model)
+        origin = str(path)
+        if "\x00" in origin:
+            raise ModelLoadError(f"model path {origin!r} contains a NUL byte")
+        if not path.exists():
+            raise ModelLoadError(f"model file not found: {origin}")
+        if path.is_dir():
+            raise ModelLoadError(f"{origin} is a directory, not an ONNX model file")
+        if not path.is_file():
+            raise ModelLoadError(f"{origin} is not a regular file")
+        size = path.stat().st_size
+        if size > _PROTOBUF_LIMIT:
+            raise ModelLoadError(
+                f"{origin}: {_fmt_bytes(size)} is over the 2 GiB protobuf limit; store the weights as external data"
+            )
+        if size > budget.max_total_bytes:
+            raise ResourceLimitError(
+                f"{origin}: the file ({_fmt_bytes(size)}) is over the budget "
+                f"max_total_bytes={_fmt_bytes(budget.max_total_bytes)}"
+            )
+        data = path.read_bytes()
+    except ByocError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read the model file {str(model)!r}: {exc}") from None
+    return _parse(data, origin), origin, path.absolute().parent
+
+
+def _ir_base_dir(model: ir.Model) -> Path | None:
+    """The folder an ``onnx_ir`` model's external tensors were loaded from, if any."""
+    dirs = set()
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor) and tensor.base_dir:
+                dirs.add(os.fspath(tensor.base_dir))
+    if len(dirs) > 1:
+        raise ModelLoadError(
+            f"the onnx_ir.Model's external tensors come from several folders ({sorted(dirs)}); "
+            f"byoc reads external data from one model folder"
+        )
+    return Path(dirs.pop()) if dirs else None
 
 
 def _parse(data: bytes, origin: str) -> onnx.ModelProto:
     if not data:
         raise ModelLoadError(f"{origin}: the file is empty, not an ONNX model")
+    if len(data) > _PROTOBUF_LIMIT:
+        raise ModelLoadError(f"{origin}: over the 2 GiB protobuf limit; store the weights as external data")
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(data)
-    except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"{origin}: not a readable ONNX protobuf (truncated or corrupt): {exc}") from None
+    except Exception as exc:  # DecodeError, RuntimeError, ... depending on the protobuf runtime
+        raise ModelLoadError(
+            f"{origin}: not a readable ONNX protobuf (truncated or corrupt): {type(exc).__name__}: {exc}"
+        ) from None
     if not proto.HasField("graph"):
         raise ModelLoadError(f"{origin}: the protobuf holds no graph; not an ONNX model")
     return proto
 
 
-def _convert_opset(proto: onnx.ModelProto) -> onnx.ModelProto:
-    version = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
-    if version is None or version >= CANONICAL_OPSET:
-        return proto
-    try:
-        return onnx.version_converter.convert_version(proto, CANONICAL_OPSET)
-    except Exception as exc:  # the converter raises a bare RuntimeError/ValueError
+def _default_opset(proto: onnx.ModelProto) -> int | None:
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def _checker_error(proto: onnx.ModelProto) -> str | None:
+    """Run the ONNX checker; returns its complaint, or ``None`` when it accepts the model."""
+    if proto.ByteSize() > _PROTOBUF_LIMIT:
         warnings.warn(
-            f"could not convert opset {version} to {CANONICAL_OPSET} ({exc}); "
-            f"running the model at opset {version}",
-            stacklevel=3,
+            "the model is over 2 GiB in memory, too large for the in-memory ONNX checker; only byoc's own "
+            "structural checks ran (save it with external data to have it checked)",
+            stacklevel=4,
         )
-        return proto
+        return None
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as exc:  # ValidationError, and whatever the C++ side raises
+        return str(exc).strip() or type(exc).__name__
+    return None
+
+
+@contextlib.contextmanager
+def _shapes_relaxed(proto: onnx.ModelProto):
+    """Let the checker accept main-graph inputs/outputs of unknown rank (no ``shape`` field).
+
+    The checker demands the field on the main graph only (subgraphs may omit it), and models
+    with outputs of unknown rank are common; byoc infers shapes itself, so the field is
+    temporarily present while the checker runs. This is the one checker rule byoc relaxes.
+    """
+    added = []
+    for vi in [*proto.graph.input, *proto.graph.output]:
+        if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape"):
+            vi.type.tensor_type.shape.SetInParent()
+            added.append(vi)
+    try:
+        yield
+    finally:
+        for vi in added:
+            vi.type.tensor_type.ClearField("shape")
+
+
+def _convert_opset(proto: onnx.ModelProto, version: int, budget: Budget) -> onnx.ModelProto | None:
+    """Convert the default domain to :data:`CANONICAL_OPSET`; on failure warn and return ``None``."""
+
+    def give_up(why: str) -> None:
+        warnings.warn(
+            f"could not convert the model from opset {version} to {CANONICAL_OPSET} ({why}); "
+            f"running it at opset {version}",
+            ModelConversionWarning,
+            stacklevel=4,
+        )
+        return None
+
+    if proto.ByteSize() > _PROTOBUF_LIMIT:
+        return give_up("the model is over the 2 GiB the converter can handle")
+    try:
+        converted = onnx.version_converter.convert_version(proto, CANONICAL_OPSET)
+    except Exception as exc:  # the converter raises bare RuntimeError/ValueError/IndexError
+        return give_up(f"{type(exc).__name__}: {exc}")
+    # the converter's output must pass the same checks as its input did
+    try:
+        validate.check_text(converted, origin="<converted model>")
+        validate.check_structure(converted, budget=budget)
+    except ByocError as exc:
+        return give_up(f"the converted model is invalid: {exc}")
+    return converted
 
 
 def load_model(
-    model: ModelLike, *, budget: Budget = DEFAULT_BUDGET, check: bool = True, require_kernels: bool = True
+    model: ModelLike,
+    *,
+    budget: Budget | None = DEFAULT_BUDGET,
+    check: bool = True,
+    require_kernels: bool = True,
+    base_dir: str | os.PathLike | None = None,
 ) -> ir.Model:
     """Load, validate and convert ``model`` into an ``onnx_ir.Model`` at the canonical opset.
 
     :param model: a path, the serialised bytes, an ``onnx.ModelProto`` or an ``onnx_ir.Model``.
+        A given ``ModelProto`` is copied, never modified.
     :param budget: resource limits checked before any tensor data is materialised.
     :param check: run the ONNX checker (on by default).
     :param require_kernels: refuse operators that have no host kernel (on by default).
-    :raises ModelLoadError: unreadable, empty or truncated input; unsafe external data.
-    :raises ModelValidationError: invalid graph (cycle, bad names, checker failure).
-    :raises ResourceLimitError: a declared tensor exceeds the budget.
+    :param base_dir: the folder that holds external data files; defaults to the model file's
+        folder (a model given in memory with external data needs it).
+    :raises ModelLoadError: unreadable, empty or truncated input; invalid UTF-8 text.
+    :raises ExternalDataError: external data that escapes the model folder or does not fit.
+    :raises ModelValidationError: invalid graph (cycle, dangling or duplicate names, bad tensors,
+        checker failure).
+    :raises ResourceLimitError: a declared tensor, the node count or the nesting depth exceeds the budget.
     :raises UnsupportedOperatorError: lists every node whose operator byoc cannot run.
     """
-    proto, base_dir = _read_proto(model)
-    validate.check_proto(proto, budget=budget, base_dir=base_dir)
+    budget = budget or DEFAULT_BUDGET
+    proto, origin, model_dir = _read_proto(model, budget)
     if base_dir is not None:
-        validate.load_external_data(proto, base_dir, budget=budget)
-    proto = validate.sort_topologically(proto)
-    proto = _convert_opset(proto)
-    if check:
-        try:
-            onnx.checker.check_model(proto)
-        except onnx.checker.ValidationError as exc:
-            raise ModelValidationError(f"the ONNX checker rejects the model: {exc}") from None
+        model_dir = Path(base_dir)
+    validate.check_text(proto, origin=origin)
+    validate.check_structure(proto, budget=budget)
+    if require_kernels:
+        # an operator or domain ONNX does not know would fail the checker: report it as unsupported
+        validate.check_supported_proto(proto, only_if_unknown=True)
+    ext = external.prepare(proto, model_dir, budget=budget)
+    version = _default_opset(proto)
+    convert = version is not None and version < CANONICAL_OPSET
+    try:
+        with ext.stubbed() if ext is not None else contextlib.nullcontext(), _shapes_relaxed(proto):
+            # The checker runs before any external data is read, and always before the C++
+            # version converter, which can crash the process on a model the checker refuses.
+            problem = _checker_error(proto) if (check or convert) else None
+        if problem is not None and check:
+            raise ModelValidationError(f"{origin}: the ONNX checker rejects the model: {problem}")
+        if ext is not None:
+            ext.fill()
+    finally:
+        if ext is not None:
+            ext.close()
+    if convert:
+        converted = None
+        if problem is not None:  # only with check=False
+            warnings.warn(
+                f"{origin}: not converting the model from opset {version} to {CANONICAL_OPSET}: the ONNX checker "
+                f"rejects it ({problem})",
+                ModelConversionWarning,
+                stacklevel=2,
+            )
+        else:
+            converted = _convert_opset(proto, version, budget)
+        if converted is not None:
+            with _shapes_relaxed(converted):
+                problem = _checker_error(converted)
+            if problem is None:
+                proto = converted
+            else:  # a converter bug: the original passed the checker
+                warnings.warn(
+                    f"{origin}: the model converted from opset {version} to {CANONICAL_OPSET} fails the ONNX checker "
+                    f"({problem}); running it at opset {version}",
+                    ModelConversionWarning,
+                    stacklevel=2,
+                )
+    if require_kernels:
+        validate.check_supported_proto(proto)  # after conversion: e.g. Upsample has become Resize
     try:
         model_ir = ir.from_proto(proto)
     except Exception as exc:
-        raise ModelLoadError(f"cannot convert the model to byoc's IR: {exc}") from None
-    if require_kernels:
-        validate.check_supported(model_ir)
+        raise ModelLoadError(f"{origin}: cannot convert the model to byoc's IR: {type(exc).__name__}: {exc}") from None
     return model_ir
 
 
