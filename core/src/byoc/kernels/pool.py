@@ -1,3 +1,289 @@
-"""pool kernels."""
+"""Pooling: MaxPool (with optional Indices), AveragePool, GlobalAveragePool, GlobalMaxPool.
 
-from byoc.kernels.registry import NodeSpec, kernel  # noqa: F401
+1-D, 2-D and 3-D inputs share one code path through the canonical ``(N, C, D, H, W)`` view of
+:mod:`byoc.kernels.conv`. Window geometry (strides, pads, dilations, ceil_mode, auto_pad)
+follows the ONNX operator definitions; with ceil_mode the last window must start inside the
+input or its leading padding (as onnxruntime and PyTorch do).
+
+The pooled value of a window is accumulated one kernel tap at a time over whole output rows,
+which keeps the inner loops contiguous (vectorised) for stride 1 and cheap otherwise.
+MaxPool with an Indices output scans each window in index order and keeps the first maximum.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from byoc.kernels import threads  # noqa: F401  (applies the thread policy)
+from byoc.kernels.conv import auto_pad_mode, canon5, int_list, pad3, window_geometry
+from byoc.kernels.gemm import compute_dtype
+from byoc.kernels.registry import NodeSpec, kernel
+
+# -------------------------------------------------------------------------------------------------
+# Numba kernels
+
+
+@numba.njit(cache=True, boundscheck=False)
+def _tap_range(o_n, s, off, n):
+    lo = 0
+    if off < 0:
+        lo = (-off + s - 1) // s
+    hi = 0
+    if n - 1 - off >= 0:
+        hi = (n - 1 - off) // s + 1
+    if hi > o_n:
+        hi = o_n
+    if lo > hi:
+        lo = hi
+    return lo, hi
+
+
+@numba.njit(cache=True, boundscheck=False)
+def _pool_taps(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, is_max, init, out):
+    """Max (``is_max``) or sum of each window, one kernel tap at a time."""
+    nb, c_, d_, h_, w_ = x.shape
+    _, _, od_, oh_, ow_ = out.shape
+    for n in range(nb):
+        for c in range(c_):
+            o = out[n, c]
+            o[:] = init
+            xc = x[n, c]
+            for kd in range(kd_):
+                for kh in range(kh_):
+                    for kw in range(kw_):
+                        offw = kw * dw - pw
+                        lo, hi = _tap_range(ow_, sw, offw, w_)
+                        for od in range(od_):
+                            id_ = od * sd - pd + kd * dd
+                            if id_ < 0 or id_ >= d_:
+                                continue
+                            for oh in range(oh_):
+                                ih = oh * sh - ph + kh * dh
+                                if ih < 0 or ih >= h_:
+                                    continue
+                                src = xc[id_, ih]
+                                dst = o[od, oh]
+                                if is_max:
+                                    if sw == 1:
+                                        for j in range(lo, hi):
+                                            v = src[j + offw]
+                                            if v > dst[j]:
+                                                dst[j] = v
+                                    else:
+                                        for j in range(lo, hi):
+                                            v = src[j * sw + offw]
+                                            if v > dst[j]:
+                                                dst[j] = v
+                                else:
+                                    if sw == 1:
+                                        for j in range(lo, hi):
+                                            dst[j] += src[j + offw]
+                                    else:
+                                        for j in range(lo, hi):
+                                            dst[j] += src[j * sw + offw]
+
+
+@numba.njit(cache=True, boundscheck=False)
+def _divide(out, cd, ch, cw):
+    nb, c_, od_, oh_, ow_ = out.shape
+    for n in range(nb):
+        for c in range(c_):
+            for i in range(od_):
+                for j in range(oh_):
+                    row = out[n, c, i, j]
+                    f = cd[i] * ch[j]
+                    for k in range(ow_):
+                        row[k] = row[k] / (f * cw[k])
+
+
+@numba.njit(cache=True, boundscheck=False)
+def _maxpool_indices(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, col_major, init, out, idx):
+    nb, c_, d_, h_, w_ = x.shape
+    _, _, od_, oh_, ow_ = out.shape
+    plane = d_ * h_ * w_
+    for n in range(nb):
+        for c in range(c_):
+            xc = x[n, c]
+            cbase = (n * c_ + c) * plane
+            for od in range(od_):
+                for oh in range(oh_):
+                    for ow in range(ow_):
+                        best = init
+                        bi = -1
+                        bj = -1
+                        bk = -1
+                        for kd in range(kd_):
+                            i = od * sd - pd + kd * dd
+                            if i < 0 or i >= d_:
+                                continue
+                            for kh in range(kh_):
+                                j = oh * sh - ph + kh * dh
+                                if j < 0 or j >= h_:
+                                    continue
+                                for kw in range(kw_):
+                                    k = ow * sw - pw + kw * dw
+                                    if k < 0 or k >= w_:
+                                        continue
+                                    v = xc[i, j, k]
+                                    if bi < 0 or v > best:
+                                        best = v
+                                        bi = i
+                                        bj = j
+                                        bk = k
+                        out[n, c, od, oh, ow] = best
+                        if bi < 0:
+                            idx[n, c, od, oh, ow] = -1
+                        elif col_major:
+                            idx[n, c, od, oh, ow] = cbase + bi + bj * d_ + bk * d_ * h_
+                        else:
+                            idx[n, c, od, oh, ow] = cbase + (bi * h_ + bj) * w_ + bk
+
+
+@numba.njit(cache=True, boundscheck=False)
+def _global_pool(x, is_max, out):
+    # x (R, S) -> out (R,); float64 accumulation for the mean
+    r_, s_ = x.shape
+    for r in range(r_):
+        row = x[r]
+        if is_max:
+            m = row[0]
+            for i in range(1, s_):
+                if row[i] > m:
+                    m = row[i]
+            out[r] = m
+        else:
+            acc = 0.0
+            for i in range(s_):
+                acc += row[i]
+            out[r] = acc / s_
+
+
+# -------------------------------------------------------------------------------------------------
+# factories
+
+
+def _lowest(dtype: np.dtype):
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return dtype.type(-np.inf)
+    return np.iinfo(dtype).min
+
+
+def _pool_factory(spec: NodeSpec, is_max: bool):
+    auto_pad = auto_pad_mode(spec)
+    kshape = spec.attr("kernel_shape")
+    if kshape is None:
+        raise spec.error("attribute kernel_shape is required")
+    kshape = [int(k) for k in kshape]
+    nd = len(kshape)
+    if nd < 1 or nd > 3:
+        raise spec.error(f"supports 1 to 3 spatial dimensions, got kernel_shape {kshape}")
+    if any(k < 1 for k in kshape):
+        raise spec.error(f"kernel_shape must be positive, got {kshape}")
+    strides = int_list(spec, "strides", nd, 1, minimum=1)
+    dil = int_list(spec, "dilations", nd, 1, minimum=1)
+    pads = int_list(spec, "pads", 2 * nd, 0, minimum=0)
+    ceil_mode = bool(spec.attr("ceil_mode", 0))
+    count_include_pad = bool(spec.attr("count_include_pad", 0))
+    storage_order = int(spec.attr("storage_order", 0))
+    if storage_order not in (0, 1):
+        raise spec.error(f"storage_order must be 0 or 1, got {storage_order}")
+    want_indices = is_max and spec.n_outputs > 1
+    geometry: dict = {}
+
+    def setup(x):
+        if x.ndim != nd + 2:
+            raise spec.error(f"input of rank {x.ndim} does not match kernel_shape {kshape}")
+        in_sp = list(x.shape[2:])
+        out_sp, pb, pe = window_geometry(spec, in_sp, kshape, strides, dil, pads, auto_pad, ceil_mode)
+        if min(out_sp) <= 0:
+            raise spec.error(f"output would be empty (spatial size {out_sp}) for input {list(x.shape)}")
+        g = {"out_sp": out_sp, "pb": pad3(pb, 0)}
+        if not is_max:
+            # window positions counted by the divisor, per axis (windows are products of axes)
+            counts = []
+            for i in range(nd):
+                o = np.arange(out_sp[i])[:, None] * strides[i] - pb[i] + np.arange(kshape[i])[None, :] * dil[i]
+                lo, hi = (-pb[i], in_sp[i] + pe[i]) if count_include_pad else (0, in_sp[i])
+                counts.append(((o >= lo) & (o < hi)).sum(axis=1).astype(np.float64))
+            counts = [np.ones(1)] * (3 - nd) + counts
+            g["counts"] = counts
+        return g
+
+    k3, s3, d3 = pad3(kshape, 1), pad3(strides, 1), pad3(dil, 1)
+
+    def run(x):
+        if x.dtype.kind not in "fiu":
+            raise spec.error(f"unsupported input dtype {x.dtype}")
+        if not is_max and x.dtype.kind != "f" and compute_dtype(x.dtype).kind != "f":
+            raise spec.error(f"AveragePool needs a float input, got {x.dtype}")
+        g = geometry.get(x.shape)
+        if g is None:
+            g = geometry[x.shape] = setup(x)
+        dt = compute_dtype(x.dtype) if x.dtype.kind == "f" or not is_max else x.dtype
+        if dt.kind not in "fiu":
+            dt = np.dtype(np.float32)
+        x5 = np.ascontiguousarray(canon5(x), dtype=dt)
+        od, oh, ow = pad3(g["out_sp"], 1)
+        out = np.empty(x.shape[:2] + (od, oh, ow), dtype=dt)
+        pd, ph, pw = g["pb"]
+        if want_indices:
+            idx = np.empty(out.shape, dtype=np.int64)
+            _maxpool_indices(x5, *k3, *s3, *d3, pd, ph, pw, storage_order == 1, _lowest(dt), out, idx)
+        else:
+            init = _lowest(dt) if is_max else dt.type(0)
+            _pool_taps(x5, *k3, *s3, *d3, pd, ph, pw, is_max, init, out)
+            if not is_max:
+                cd, ch, cw = g["counts"]
+                _divide(out, cd, ch, cw)
+        shape = x.shape[:2] + tuple(g["out_sp"])
+        y = out.reshape(shape)
+        if y.dtype != x.dtype:
+            y = y.astype(x.dtype)
+        if want_indices:
+            return (y, idx.reshape(shape))
+        return (y,)
+
+    return run
+
+
+@kernel("MaxPool")
+def make_max_pool(spec: NodeSpec):
+    return _pool_factory(spec, True)
+
+
+@kernel("AveragePool")
+def make_average_pool(spec: NodeSpec):
+    return _pool_factory(spec, False)
+
+
+def _global_factory(spec: NodeSpec, is_max: bool):
+    def run(x):
+        if x.ndim < 3:
+            raise spec.error(f"input must have rank >= 3, got shape {list(x.shape)}")
+        if x.dtype.kind != "f" and compute_dtype(x.dtype).kind != "f":
+            raise spec.error(f"needs a float input, got {x.dtype}")
+        dt = compute_dtype(x.dtype)
+        r = x.shape[0] * x.shape[1]
+        xr = np.ascontiguousarray(x, dtype=dt).reshape(r, -1)
+        if xr.shape[1] == 0:
+            raise spec.error("empty spatial dimensions")
+        out = np.empty(r, dtype=dt)
+        _global_pool(xr, is_max, out)
+        y = out.reshape(x.shape[:2] + (1,) * (x.ndim - 2))
+        if y.dtype != x.dtype:
+            y = y.astype(x.dtype)
+        return (y,)
+
+    return run
+
+
+@kernel("GlobalMaxPool")
+def make_global_max_pool(spec: NodeSpec):
+    return _global_factory(spec, True)
+
+
+@kernel("GlobalAveragePool")
+def make_global_average_pool(spec: NodeSpec):
+    return _global_factory(spec, False)

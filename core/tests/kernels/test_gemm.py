@@ -1,0 +1,147 @@
+"""Gemm and MatMul against onnx.reference, and the direct SGEMM entry point."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from byoc.errors import KernelError
+from byoc.kernels import gemm as G
+from byoc.kernels.registry import NodeSpec, make_kernel
+from byoc.testing.oracle import assert_close, run_byoc, run_reference, single_node_model
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def check(op, inputs, attrs=None, const=(), **tol):
+    model, feeds = single_node_model(op, inputs, attrs or {}, const_inputs=const)
+    assert_close(run_byoc(model, feeds), run_reference(model, feeds), **tol)
+
+
+@SETTINGS
+@given(
+    m=st.integers(1, 9),
+    k=st.integers(1, 9),
+    n=st.integers(1, 9),
+    trans_a=st.booleans(),
+    trans_b=st.booleans(),
+    alpha=st.sampled_from([1.0, 0.5, -2.0]),
+    beta=st.sampled_from([1.0, 0.0, 0.25]),
+    c_shape=st.sampled_from(["none", "scalar", "n", "1n", "m1", "mn", "1"]),
+    const_b=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_gemm_property(m, k, n, trans_a, trans_b, alpha, beta, c_shape, const_b, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    shapes = {"scalar": (), "n": (n,), "1n": (1, n), "m1": (m, 1), "mn": (m, n), "1": (1,)}
+    inputs = [a, b]
+    if c_shape != "none":
+        inputs.append(rng.standard_normal(shapes[c_shape]).astype(np.float32))
+    attrs = {"alpha": alpha, "beta": beta, "transA": int(trans_a), "transB": int(trans_b)}
+    check("Gemm", inputs, attrs, const=(1, 2) if const_b else ())
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, np.int32, np.int64])
+def test_gemm_dtypes(dtype):
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((4, 6)) * 3).astype(dtype)
+    b = (rng.standard_normal((5, 6)) * 3).astype(dtype)
+    c = (rng.standard_normal(5) * 3).astype(dtype)
+    # float16: byoc accumulates in float32 and rounds once; the reference accumulates in float16
+    tol = {"rtol": 1e-2, "atol": 1e-1} if dtype == np.float16 else {}
+    alpha = 1.0 if np.dtype(dtype).kind == "i" else 0.5
+    check("Gemm", [a, b, c], {"transB": 1, "alpha": alpha}, **tol)
+
+
+def test_gemm_resnet_classifier():
+    # the ResNet-50 head: (1, 2048) x (1000, 2048)^T + bias, weights constant
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((1, 2048)).astype(np.float32)
+    b = (rng.standard_normal((1000, 2048)) * 0.02).astype(np.float32)
+    c = rng.standard_normal(1000).astype(np.float32)
+    check("Gemm", [a, b, c], {"transB": 1}, const=(1, 2), atol=1e-4)
+
+
+def test_gemm_errors():
+    spec = NodeSpec("Gemm", name="g", attrs={}, n_inputs=3)
+    run = make_kernel(spec)
+    with pytest.raises(KernelError, match="inner dimensions"):
+        run(np.zeros((2, 3), np.float32), np.zeros((4, 5), np.float32))
+    with pytest.raises(KernelError, match="broadcast"):
+        run(np.zeros((2, 3), np.float32), np.zeros((3, 5), np.float32), np.zeros((3,), np.float32))
+    with pytest.raises(KernelError, match="2-D"):
+        run(np.zeros((2, 3, 1), np.float32), np.zeros((3, 5), np.float32))
+
+
+@st.composite
+def matmul_shapes(draw):
+    k = draw(st.integers(1, 6))
+    a_rank = draw(st.integers(1, 4))
+    b_rank = draw(st.integers(1, 4))
+    batch = draw(hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=2, max_side=3))
+    a_shape = (k,) if a_rank == 1 else tuple(batch.input_shapes[0][: a_rank - 2]) + (draw(st.integers(1, 5)), k)
+    b_shape = (k,) if b_rank == 1 else tuple(batch.input_shapes[1][: b_rank - 2]) + (k, draw(st.integers(1, 5)))
+    return a_shape, b_shape
+
+
+@SETTINGS
+@given(shapes=matmul_shapes(), const_b=st.booleans(), seed=st.integers(0, 2**16))
+def test_matmul_property(shapes, const_b, seed):
+    a_shape, b_shape = shapes
+    try:
+        np.matmul(np.zeros(a_shape), np.zeros(b_shape))
+    except ValueError:
+        return  # batch dims that do not broadcast after truncation to the drawn ranks
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    check("MatMul", [a, b], const=(1,) if const_b else ())
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, np.int32, np.int64, np.uint32])
+def test_matmul_dtypes(dtype):
+    rng = np.random.default_rng(2)
+    a = (rng.random((2, 3, 4)) * 4).astype(dtype)
+    b = (rng.random((4, 5)) * 4).astype(dtype)
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dtype == np.float16 else {}
+    check("MatMul", [a, b], **tol)
+    check("MatMul", [a, b], const=(1,), **tol)
+
+
+def test_matmul_transformer_shapes():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 7, 32)).astype(np.float32)
+    w = rng.standard_normal((32, 48)).astype(np.float32)
+    check("MatMul", [x, w], const=(1,), atol=1e-4)
+    q = rng.standard_normal((2, 4, 7, 8)).astype(np.float32)
+    kt = rng.standard_normal((2, 4, 8, 7)).astype(np.float32)
+    check("MatMul", [q, kt], atol=1e-4)
+
+
+def test_matmul_errors():
+    run = make_kernel(NodeSpec("MatMul", name="m", n_inputs=2))
+    with pytest.raises(KernelError, match="inner dimensions"):
+        run(np.zeros((2, 3), np.float32), np.zeros((4, 5), np.float32))
+    with pytest.raises(KernelError, match="broadcast"):
+        run(np.zeros((2, 2, 3), np.float32), np.zeros((3, 3, 5), np.float32))
+
+
+@pytest.mark.skipif(not G.HAVE_SGEMM, reason="numpy's BLAS is not OpenBLAS")
+def test_sgemm_strided_accumulate():
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+    b = rng.standard_normal((7, 20)).astype(np.float32)
+    c = rng.standard_normal((5, 30)).astype(np.float32)
+    expected = c.copy()
+    expected[:, 3:13] = 0.5 * a @ b[:, 2:12] + 2.0 * c[:, 3:13]
+    # B and C as column windows of wider matrices: leading dimensions 20 and 30
+    G.sgemm(5, 10, 7, a.ctypes.data, 7, b.ctypes.data + 2 * 4, 20, c.ctypes.data + 3 * 4, 30, 0.5, 2.0)
+    np.testing.assert_allclose(c, expected, rtol=1e-5, atol=1e-5)
+    out = np.zeros((5, 30), np.float32)
+    G.matmul_into(a, b, out[:, 5:25])
+    np.testing.assert_allclose(out[:, 5:25], a @ b, rtol=1e-5, atol=1e-5)
