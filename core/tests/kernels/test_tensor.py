@@ -344,9 +344,8 @@ def test_shape_size_property(shape, start, end):
     ids=lambda a: next(iter(a)),
 )
 def test_constant(attrs):
-    check("Constant", [], attrs, passes=[])  # run the kernel at run time
-    if any(k in attrs for k in ("value_floats", "value_ints", "value")):  # 0-d: test_scalar_output_of_folded_node
-        check("Constant", [], attrs)  # folded at compile time
+    check("Constant", [], attrs, passes=[])  # the kernel runs at run time
+    check("Constant", [], attrs)  # folded at compile time
 
 
 def test_constant_strings():
@@ -366,18 +365,16 @@ def test_expand_constant_of_shape_property(data, full, dtype, seed, const):
 
     x = arrays(reduce(full), dtype, seed)
     shape = np.array(reduce(full), I64)
-    # a folded 0-d result comes back 1-D (test_scalar_output_of_folded_node): fold only rank >= 1
-    const = const and len(full) > 0 and max(x.ndim, len(shape)) > 0
     check("Expand", [x, shape], const_inputs=(1,) if const else ())
     value = arrays((1,), dtype, seed + 1)
     check("ConstantOfShape", [np.array(full, I64)], {"value": onnx.numpy_helper.from_array(value)},
           const_inputs=(0,) if const else ())
 
 
-@pytest.mark.xfail(strict=False, reason="constant folding stores a 0-d result as 1-D (np.ascontiguousarray in "
-                                        "byoc.passes.base.add_initializer); not a kernel bug")
 def test_scalar_output_of_folded_node():
+    # constant folding runs the kernel at compile time; a 0-d result must stay 0-d
     check("ConstantOfShape", [np.array([], I64)], const_inputs=(0,))
+    check("Expand", [np.array(3.0, np.float32), np.array([], I64)], const_inputs=(1,))
 
 
 def test_constant_of_shape_default_is_float_zero():
