@@ -304,6 +304,15 @@ def test_resize_opset11():
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_opset10_vs_onnxruntime(mode):
+    # Resize-10 takes (X, scales) with Upsample's asymmetric coordinates
+    x = data((1, 2, 3, 4))
+    scales = np.array([1, 1, 2.5, 0.5], F32)
+    model, feeds = single_node_model("Resize", [x, scales], {"mode": mode}, opset=10)
+    assert_close([direct([x, scales], {"mode": mode}, opset=10)], run_onnxruntime(model, feeds))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_upsample_vs_onnxruntime(mode):
     x = data((1, 2, 3, 4))
     scales = np.array([1, 1, 2, 3], F32)

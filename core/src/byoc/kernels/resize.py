@@ -450,6 +450,10 @@ def _make_run(spec: NodeSpec, resizer: _Resizer, params: tuple):
 
 @kernel("Resize")
 def make_resize(spec: NodeSpec):
+    if spec.opset < 11:  # Resize-10 (only when conversion to the canonical opset failed): as Upsample
+        mode = _str(spec.attr("mode"), "nearest")
+        resizer = _Resizer(spec, mode=mode, ctm="asymmetric", nearest_mode="floor")
+        return _make_run(spec, resizer, (None, 1, None))
     new = spec.opset >= 18
     axes = spec.attr("axes") if new else None
     resizer = _Resizer(
