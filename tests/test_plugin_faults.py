@@ -215,13 +215,13 @@ def test_register_operators_fault(monkeypatch):
 
 def test_duplicate_target_names_both_plugins(monkeypatch):
     reg, warned = registry(monkeypatch, "duplicate")
-    assert reg.conflicts == {"testchip": ["testchip", "faulty_duplicate"]}
+    assert reg.conflicts == {"testchip": ["faulty_duplicate", "testchip"]}  # entry points load sorted by name
     [fault] = [f for f in reg.faults if f.kind == "duplicate"]
     assert "testchip" in str(fault) and "faulty_duplicate" in str(fault)
     assert any("faulty_duplicate" in w and "'testchip'" in w for w in warned)
     with pytest.raises(PluginError) as err:
         byoc.compile(fault_chain(), targets=["testchip"], registry=reg)
-    assert "testchip, faulty_duplicate" in str(err.value)
+    assert "faulty_duplicate, testchip" in str(err.value)
     # with no explicit targets, the contested target is left out instead of crashing
     cm = byoc.compile(fault_chain(), registry=reg)
     assert devices(cm) == ["host"] * 6

@@ -195,7 +195,7 @@ def test_call_first_skips_a_raising_plugin():
         def byoc_cost(self, target, region, options):
             return 0.5
 
-    reg, _ = quiet_registry([("est", Estimating()), ("raising", Raising())])
+    reg, _ = quiet_registry([("raising", Raising()), ("est", Estimating())])
     plugin, result, faults = reg.call_first("byoc_cost", target="x", region=None, options={})
     assert (plugin, result) == ("est", 0.5)
     assert [(f.plugin, f.hook) for f in faults] == [("raising", "byoc_cost")]

@@ -100,7 +100,7 @@ class Registry:
         :class:`HookTimeout` (its thread is left to finish in the background).
         """
         hook = getattr(self.pm.hook, hook_name)
-        for impl in reversed(hook.get_hookimpls()):  # registration order
+        for impl in hook.get_hookimpls():  # registration order (entry points sorted by name)
             args = {k: kwargs[k] for k in impl.argnames if k in kwargs}
             if _TRACE:
                 logger.info("call %s.%s(%s)", impl.plugin_name, hook_name, ", ".join(args))
@@ -256,7 +256,7 @@ def _each_target(reg: Registry, claimed: dict[str, list[Target]]):
         claimed.setdefault(target.name, []).append(target)
 
     hook = reg.pm.hook.byoc_register_targets
-    for impl in reversed(hook.get_hookimpls()):
+    for impl in hook.get_hookimpls():
         current["plugin"] = impl.plugin_name
         try:
             impl.function(register=register)
@@ -293,7 +293,7 @@ def _collect_for_target(reg: Registry, target: str) -> None:
         ("byoc_register_rules", add_rule),
     ):
         hook = getattr(reg.pm.hook, hook_name)
-        for impl in reversed(hook.get_hookimpls()):
+        for impl in hook.get_hookimpls():
             current["plugin"] = impl.plugin_name
             args = {k: v for k, v in (("target", target), ("register", register)) if k in impl.argnames}
             try:

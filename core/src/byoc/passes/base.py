@@ -32,7 +32,8 @@ def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     while name in graph.initializers:
         i += 1
         name = f"{base}_{i}"
-    tensor = ir.tensor(np.ascontiguousarray(array), name=name)
+    # (np.ascontiguousarray turns a 0-d array into shape (1,); keep scalars scalar)
+    tensor = ir.tensor(np.ascontiguousarray(array).reshape(np.shape(array)), name=name)
     value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
     graph.register_initializer(value)
     return value
