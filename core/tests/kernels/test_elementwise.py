@@ -366,16 +366,34 @@ def test_parallel_split_matches_serial(sa, sb):
     a = rand(rng, sa, np.float32)
     b = rand(rng, sb, np.float32)
     run = make_kernel(NodeSpec("Mul", n_inputs=2))
-    old_workers, old_min = E.parallel_workers(), E.PARALLEL_MIN_ELEMENTS
+    saved = E.parallel_workers(), E.PARALLEL_MIN_ELEMENTS, E.PARALLEL_MIN_CHUNK
     try:
         E.set_parallelism(workers=1)
         serial = run(a, b)[0]
-        E.set_parallelism(workers=3, min_elements=1000)
+        E.set_parallelism(workers=3, min_elements=1000, min_chunk=1000)
         parallel = run(a, b)[0]
     finally:
-        E.set_parallelism(workers=old_workers, min_elements=old_min)
+        E.set_parallelism(*saved)
     np.testing.assert_array_equal(serial, parallel)
     np.testing.assert_array_equal(serial, a * b)
+
+
+def test_run_ranges_splits_large_work_and_keeps_small_work_serial():
+    seen = []
+    saved = E.parallel_workers(), E.PARALLEL_MIN_ELEMENTS, E.PARALLEL_MIN_CHUNK
+    try:
+        E.set_parallelism(workers=3, min_elements=1000, min_chunk=100)
+        E.run_ranges(lambda s, e: seen.append((s, e)), 10_000, ())
+        assert sorted(seen) == [(0, 3333), (3333, 6666), (6666, 10_000)]
+        seen.clear()
+        E.run_ranges(lambda s, e: seen.append((s, e)), 999, ())
+        assert seen == [(0, 999)]
+        seen.clear()
+        E.set_parallelism(workers=1)
+        E.run_ranges(lambda s, e: seen.append((s, e)), 10_000, ())
+        assert seen == [(0, 10_000)]
+    finally:
+        E.set_parallelism(*saved)
 
 
 def test_readonly_and_noncontiguous_inputs():
@@ -415,3 +433,37 @@ def test_float16_and_empty_tensors():
     check("Add", [h, h])  # 130000 overflows float16 to inf, as in the reference
     e = np.zeros((0, 3), np.float32)
     check("Mul", [e, np.ones(3, np.float32)])
+
+
+def test_strings_equal_where_and_byte_order():
+    a = np.array(["a", "bc", ""], dtype=object)
+    b = np.array(["a", "b", ""], dtype=object)
+    model, feeds = single_node_model("Equal", [a, b], opset=21)
+    np.testing.assert_array_equal(run_byoc(model, feeds)[0], [True, False, True])
+    run = make_kernel(NodeSpec("Where", n_inputs=3))
+    np.testing.assert_array_equal(run(np.array([True, False, True]), a, b)[0], np.array(["a", "b", ""], dtype=object))
+    big_endian = np.arange(6, dtype=">f4")
+    np.testing.assert_array_equal(make_kernel(NodeSpec("Neg"))(big_endian)[0], -np.arange(6, dtype=np.float32))
+
+
+def test_pool_survives_fork():
+    import multiprocessing as mp
+
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    x = np.ones(1 << 20, np.float32)  # large enough to be split across the pool
+    saved = E.parallel_workers(), E.PARALLEL_MIN_ELEMENTS, E.PARALLEL_MIN_CHUNK
+    E.set_parallelism(workers=2, min_elements=1000, min_chunk=1000)
+    try:
+        run = make_kernel(NodeSpec("Add", n_inputs=2))
+        run(x, x)  # the pool exists now
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1) as pool:
+            total = pool.apply_async(_sum_in_child, (x,)).get(timeout=60)
+        assert total == 2.0 * x.size
+    finally:
+        E.set_parallelism(*saved)
+
+
+def _sum_in_child(x):
+    return float(make_kernel(NodeSpec("Add", n_inputs=2))(x, x)[0].sum())

@@ -65,10 +65,12 @@ def _default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def set_parallelism(workers: int | None = None, min_elements: int | None = None) -> None:
-    """Set how many threads the elementwise/activation/reduce kernels may use (1 = serial),
-    and the work size from which they split. ``workers=None`` keeps the current value."""
-    global _workers, _pool, PARALLEL_MIN_ELEMENTS
+def set_parallelism(
+    workers: int | None = None, min_elements: int | None = None, min_chunk: int | None = None
+) -> None:
+    """Set how many threads the elementwise/activation/reduce kernels may use (1 = serial), the
+    work size from which they split, and the least work per thread. ``None`` keeps a value."""
+    global _workers, _pool, PARALLEL_MIN_ELEMENTS, PARALLEL_MIN_CHUNK
     with _pool_lock:
         if workers is not None:
             workers = max(1, int(workers))
@@ -78,6 +80,8 @@ def set_parallelism(workers: int | None = None, min_elements: int | None = None)
             _workers = workers
         if min_elements is not None:
             PARALLEL_MIN_ELEMENTS = max(1, int(min_elements))
+        if min_chunk is not None:
+            PARALLEL_MIN_CHUNK = max(1, int(min_chunk))
 
 
 def parallel_workers() -> int:
@@ -97,6 +101,17 @@ def _get_pool(workers: int) -> ThreadPoolExecutor:
                 _pool = ThreadPoolExecutor(max_workers=max(1, workers - 1), thread_name_prefix="byoc-kernel")
             pool = _pool
     return pool
+
+
+def _forget_pool_after_fork() -> None:
+    # a forked child inherits the pool object but not its threads: start a fresh one on demand
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
 def run_ranges(fn: Callable, n_units: int, args: tuple, unit_cost: int = 1) -> None:
@@ -139,6 +154,8 @@ def prep(x: np.ndarray) -> np.ndarray:
     """
     if type(x) is not np.ndarray:
         x = np.asarray(x)
+    if not x.dtype.isnative:  # Numba compiles native byte order only
+        x = x.astype(x.dtype.newbyteorder("="))
     flags = x.flags
     if not flags.c_contiguous:
         return np.ascontiguousarray(x)
