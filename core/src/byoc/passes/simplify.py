@@ -52,7 +52,18 @@ def remove_identities(model: ir.Model, ctx: PassContext) -> bool:
             ir.convenience.replace_all_uses_with(y, x)
         graph.remove(node, safe=True)
         changed = True
-    return common.IdentityEliminationPass()(model).modified or changed
+    # our own Identity removal: onnx_ir's pass can link a value across sibling subgraphs when an
+    # Identity feeds a subgraph output (seen on ONNX's AffineGrid function body)
+    for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+        if node.op_type != "Identity" or node.domain not in ("", "ai.onnx") or node.inputs[0] is None:
+            continue
+        y = node.outputs[0]
+        if y.is_graph_output():
+            continue  # the graph's output keeps its name; the Identity costs nothing at run time
+        ir.convenience.replace_all_uses_with(y, node.inputs[0])
+        node.graph.remove(node, safe=True)
+        changed = True
+    return changed
 
 
 def drop_legacy_initializer_inputs(model: ir.Model) -> bool:
