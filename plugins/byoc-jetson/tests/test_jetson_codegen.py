@@ -113,3 +113,14 @@ def test_hooks_ignore_other_targets():
     region = whole_region(_model())
     assert plugin.byoc_codegen("other", region, DEFAULT_OPTIONS) is None
     assert plugin.byoc_runtime("other", _artifact(_model()), DEFAULT_OPTIONS) is None
+
+
+def test_bundle_round_trip_is_bit_identical(registry, tmp_path):
+    """save -> byoc.load -> run: the runtime hook rebuilds the callable from the artifact alone."""
+    require_kernels("MatMul")
+    cm = compile_jetson(registry, _model())
+    path = cm.save(tmp_path / "model.byoc")
+    loaded = byoc.load(path, registry=registry)
+    x = np.random.default_rng(4).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.run({"x": x})["y"], cm.run({"x": x})["y"])
+    assert [r.artifact.data for r in loaded.regions] == [r.artifact.data for r in cm.regions]

@@ -50,7 +50,8 @@ def test_engine_runs_and_matches_onnxruntime(registry, precision, tmp_path):
         if precision == "fp16":
             assert_fp16_close(got, want, what="fp16 engine")
         else:
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+            # float32 engine (TF32 off); kernel choice (e.g. Winograd) still reorders sums
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
 
 
 def test_engine_cache_is_reused(registry, tmp_path):
