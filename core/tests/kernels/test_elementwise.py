@@ -268,6 +268,11 @@ def test_mod_and_bitwise():
     s = np.array([1, 3, 1, 9], np.uint8)
     check("BitShift", [u, s], {"direction": "LEFT"})
     check("BitShift", [u, s], {"direction": "RIGHT"})
+    # signed types (opset 28): arithmetic right shift; shifts outside [0, width) saturate
+    i8 = np.array([-128, -5, 5, 127, -1, 3], np.int8)
+    n8 = np.array([1, 2, 7, 8, -1, 1], np.int8)
+    check("BitShift", [i8, n8], {"direction": "LEFT"}, opset=28)
+    check("BitShift", [i8, n8], {"direction": "RIGHT"}, opset=28)
     check("BitwiseAnd", [a, b])
     check("BitwiseXor", [a, b])
     check("BitwiseNot", [a])
@@ -418,6 +423,19 @@ def test_errors_name_the_node():
         make_kernel(NodeSpec("Sqrt"))(np.ones(3, np.int32))
     with pytest.raises(KernelError, match="direction"):
         make_kernel(NodeSpec("BitShift", attrs={"direction": "UP"}, n_inputs=2))
+
+
+def test_broadcast_output_is_checked_against_the_budget():
+    from byoc.budget import Budget
+    from byoc.errors import ResourceLimitError
+
+    spec = NodeSpec("Add", name="outer", n_inputs=2, budget=Budget(max_tensor_bytes=1 << 20))
+    run = make_kernel(spec)
+    col = np.ones((1000, 1), np.float32)
+    row = np.ones((1, 1000), np.float32)
+    with pytest.raises(ResourceLimitError, match="outer"):
+        run(col, row)
+    assert run(col, row[:, :100])[0].shape == (1000, 100)
 
 
 def test_legacy_broadcast_attribute():

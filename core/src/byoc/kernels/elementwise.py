@@ -234,11 +234,18 @@ def broadcast_plan(shapes: tuple[tuple[int, ...], ...]) -> BroadcastPlan:
 
 
 def plan_for(spec: NodeSpec, *arrays: np.ndarray) -> BroadcastPlan:
+    """The broadcast plan of ``arrays`` for ``spec``'s node.
+
+    An output larger than every input (``[N, 1] x [1, M]``) is checked against the budget.
+    """
     try:
-        return broadcast_plan(tuple(a.shape for a in arrays))
+        plan = broadcast_plan(tuple(a.shape for a in arrays))
     except ValueError:
         shapes = ", ".join(str(list(a.shape)) for a in arrays)
         raise spec.error(f"input shapes {shapes} do not broadcast") from None
+    if plan.size > max(a.size for a in arrays):
+        spec.check_alloc(plan.out_shape, arrays[-1].dtype)
+    return plan
 
 
 # --------------------------------------------------------------------------------------------
@@ -668,15 +675,34 @@ def _bit_xor(x, y):
     return x ^ y
 
 
+def bitwidth(x):
+    """The number of bits of ``x``'s integer type (use from jitted code)."""
+    return np.dtype(type(x)).itemsize * 8
+
+
+@overload(bitwidth)
+def _ov_bitwidth(x):
+    if isinstance(x, types.Integer):
+        bits = x.bitwidth
+        return lambda x: bits
+    return None
+
+
 @_inline
 def _shift_left(x, y):
-    # the kernel stores into the input's width, which drops bits shifted out
-    return x << y if y < 64 else x - x
+    # shifts outside [0, width) give 0; the kernel stores into the input's width, which drops
+    # the bits shifted out (for signed types: the two's-complement pattern, as onnx)
+    if y < 0 or y >= bitwidth(x):
+        return x - x
+    return x << y
 
 
 @_inline
 def _shift_right(x, y):
-    return x >> y if y < 64 else x - x
+    # arithmetic shift for signed types; shifts outside [0, width) leave only the sign
+    if y < 0 or y >= bitwidth(x):
+        return x - x - 1 if x < 0 else x - x
+    return x >> y
 
 
 @_inline
@@ -1245,7 +1271,8 @@ def make_bitshift(spec: NodeSpec):
     if direction not in ("LEFT", "RIGHT"):
         raise spec.error(f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
     fn = k_shift_left if direction == "LEFT" else k_shift_right
-    return _make_binary(spec, lambda dt: fn if dt.kind == "u" else None)
+    # unsigned types; signed ones (opset 28) with arithmetic right shifts
+    return _make_binary(spec, lambda dt: fn if dt.kind in "iu" else None)
 
 
 @kernel("Mod")
@@ -1613,11 +1640,20 @@ def make_cast(spec: NodeSpec):
         raise spec.error("attribute 'to' is required")
     to = _onnx_dtype(spec, spec.attr("to"))
     saturate = bool(spec.attr("saturate", 1))
+    round_mode = spec.attr("round_mode", "up")
+    if isinstance(round_mode, bytes):
+        round_mode = round_mode.decode()
+    if round_mode not in ("up", "down", "nearest"):
+        raise spec.error(f"round_mode must be 'up', 'down' or 'nearest', got {round_mode!r}")
 
     def run(x):
         x = np.asarray(x)
-        out = _cast(spec, x, to, saturate)
-        return (out,)
+        if to.name == "float8_e8m0fnu" and x.dtype != to and x.dtype.kind == "f":
+            # powers of two with a rounding mode (opset 24): onnx's own converter
+            from onnx.numpy_helper import to_float8e8m0
+
+            return (np.asarray(to_float8e8m0(x, saturate, round_mode)).astype(to),)
+        return (_cast(spec, x, to, saturate),)
 
     return run
 
