@@ -201,6 +201,15 @@ def test_argmax_argmin_match_reference(op, dtype, shape, keepdims, last, data, s
     assert_close(run_byoc(model, feeds), run_reference(model, feeds))
 
 
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("last", [0, 1])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_arg_nan(op, last, axis):
+    x = np.array([[1, np.nan, 3, np.nan, 2], [5, 5, np.nan, 1, np.nan], [np.nan, 0, 0, 7, np.nan]], np.float32)
+    model, feeds = single_node_model(op, [x], {"axis": axis, "select_last_index": last})
+    assert_close(run_byoc(model, feeds), run_reference(model, feeds))
+
+
 def test_errors():
     with pytest.raises(KernelError, match="out of range"):
         make_kernel(NodeSpec("ReduceSum", n_inputs=2))(np.ones((2, 3), np.float32), np.array([2], np.int64))

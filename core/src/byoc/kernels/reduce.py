@@ -236,42 +236,67 @@ def k_log_sum_exp(x, out, r, inner, init, rr, start, stop):
             out[o * inner + i] = np.log(s) + shift
 
 
-@_jit
-def k_argmax(x, out, r, inner, last, start, stop):
-    for o in range(start, stop):
-        blk = x[o * r * inner : (o + 1) * r * inner]
-        for i in range(inner):
-            best = blk[i]
+@_inline
+def _better_max(v, best, last):
+    return v > best or (last and v == best)
+
+
+@_inline
+def _better_min(v, best, last):
+    return v < best or (last and v == best)
+
+
+@_inline
+def _arg(better, x, out, r, inner, last, start, stop):
+    # NaN as numpy (and onnx.reference) treat it: a NaN beats every number; the first NaN wins,
+    # the last one with select_last_index
+    if inner == 1:
+        for o in range(start, stop):
+            row = x[o * r : (o + 1) * r]
+            best = row[0]
             bi = 0
-            if best == best:  # noqa: PLR0124  (the first NaN wins, as in numpy)
-                for j in range(1, r):
-                    v = blk[j * inner + i]
+            for j in range(1, r):
+                v = row[j]
+                if best != best:  # noqa: PLR0124
+                    if not last:
+                        break
                     if v != v:  # noqa: PLR0124
                         bi = j
-                        break
-                    if v > best or (last and v == best):
-                        best = v
-                        bi = j
-            out[o * inner + i] = bi
+                elif better(v, best, last) or v != v:  # noqa: PLR0124
+                    best = v
+                    bi = j
+            out[o] = bi
+        return
+    best = np.empty(inner, x.dtype)
+    idx = np.empty(inner, np.int64)
+    for o in range(start, stop):
+        blk = x[o * r * inner : (o + 1) * r * inner]
+        best[:] = blk[:inner]
+        idx[:] = 0
+        for j in range(1, r):
+            row = blk[j * inner : (j + 1) * inner]
+            for i in range(inner):
+                v = row[i]
+                b = best[i]
+                if b != b:  # noqa: PLR0124
+                    if last and v != v:  # noqa: PLR0124
+                        idx[i] = j
+                elif better(v, b, last) or v != v:  # noqa: PLR0124
+                    best[i] = v
+                    idx[i] = j
+        orow = out[o * inner : (o + 1) * inner]
+        for i in range(inner):
+            orow[i] = idx[i]
+
+
+@_jit
+def k_argmax(x, out, r, inner, last, start, stop):
+    _arg(_better_max, x, out, r, inner, last, start, stop)
 
 
 @_jit
 def k_argmin(x, out, r, inner, last, start, stop):
-    for o in range(start, stop):
-        blk = x[o * r * inner : (o + 1) * r * inner]
-        for i in range(inner):
-            best = blk[i]
-            bi = 0
-            if best == best:  # noqa: PLR0124
-                for j in range(1, r):
-                    v = blk[j * inner + i]
-                    if v != v:  # noqa: PLR0124
-                        bi = j
-                        break
-                    if v < best or (last and v == best):
-                        best = v
-                        bi = j
-            out[o * inner + i] = bi
+    _arg(_better_min, x, out, r, inner, last, start, stop)
 
 
 # ---------------------------------------------------------------------------------------------
