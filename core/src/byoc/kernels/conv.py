@@ -30,8 +30,16 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from byoc.kernels import threads  # noqa: F401  (applies the thread policy)
-from byoc.kernels.gemm import HAVE_SGEMM, compute_dtype, matmul_into, sgemm
+from byoc.kernels import threads
+from byoc.kernels.gemm import (
+    compute_dtype,
+    gemm_acc,
+    have_blas,
+    matmul_into,
+    pack_a,
+    split,
+    use_own_gemm,
+)
 from byoc.kernels.registry import NodeSpec, kernel
 
 # im2col buffers are built in blocks of output rows of at most this many elements
@@ -41,6 +49,10 @@ _SHIFT_MIN_CHANNELS = 16
 _SHIFT_MAX_WASTE = 1.5
 # grouped convolutions with fewer channels per group than this run the direct loop nest
 _DIRECT_MAX_CHANNELS = 8
+# 3x3 stride-1 convolutions with at least this many input and output channels per group use
+# Winograd: F(2x2, 3x3) from an output side of _WINO_MIN_SIDE[2], F(4x4, 3x3) from _WINO_MIN_SIDE[4]
+_WINO_MIN_CHANNELS = 8
+_WINO_MIN_SIDE = {2: 8, 4: 40}
 
 
 # -------------------------------------------------------------------------------------------------
@@ -121,7 +133,7 @@ def pad3(v: list[int], fill: int) -> list[int]:
 # Numba kernels
 
 
-@numba.njit(cache=True, boundscheck=False)
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _valid_range(o_n, s, off, n):
     """Outputs ``o`` in ``[0, o_n)`` whose input index ``o*s + off`` lies in ``[0, n)``."""
     lo = 0
@@ -137,7 +149,7 @@ def _valid_range(o_n, s, off, n):
     return lo, hi
 
 
-@numba.njit(cache=True, boundscheck=False)
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _im2col(x, n, c0, cn, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, od_, oh_, ow_, r0, r1, col):
     """Patch matrix of image ``n``, channels ``[c0, c0+cn)``, output rows ``[r0, r1)`` of the (D*H) row space.
 
@@ -145,6 +157,8 @@ def _im2col(x, n, c0, cn, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, od_
     """
     _, _, d_, h_, w_ = x.shape
     ncols = (r1 - r0) * ow_
+    od0 = r0 // oh_
+    oh0 = r0 - od0 * oh_
     for c in range(cn):
         xc = x[n, c0 + c]
         for kd in range(kd_):
@@ -153,40 +167,43 @@ def _im2col(x, n, c0, cn, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, od_
                     row = col[((c * kd_ + kd) * kh_ + kh) * kw_ + kw]
                     offw = kw * dw - pw
                     lo, hi = _valid_range(ow_, sw, offw, w_)
-                    for r in range(r0, r1):
-                        od = r // oh_
-                        oh = r - od * oh_
-                        id_ = od * sd - pd + kd * dd
+                    od = od0
+                    oh = oh0
+                    id_ = od * sd - pd + kd * dd
+                    base = 0
+                    for _r in range(r1 - r0):
                         ih = oh * sh - ph + kh * dh
-                        base = (r - r0) * ow_
                         if id_ < 0 or id_ >= d_ or ih < 0 or ih >= h_:
-                            for j in range(ow_):
-                                row[base + j] = 0
-                            continue
-                        src = xc[id_, ih]
-                        for j in range(lo):
-                            row[base + j] = 0
-                        if sw == 1:
-                            for j in range(lo, hi):
-                                row[base + j] = src[j + offw]
+                            row[base:base + ow_] = 0
                         else:
-                            for j in range(lo, hi):
-                                row[base + j] = src[j * sw + offw]
-                        for j in range(hi, ow_):
-                            row[base + j] = 0
+                            src = xc[id_, ih]
+                            row[base:base + lo] = 0
+                            if sw == 1:
+                                row[base + lo:base + hi] = src[lo + offw:hi + offw]
+                            else:
+                                for j in range(lo, hi):
+                                    row[base + j] = src[j * sw + offw]
+                            row[base + hi:base + ow_] = 0
+                        base += ow_
+                        oh += 1
+                        if oh == oh_:
+                            oh = 0
+                            od += 1
+                            id_ = od * sd - pd + kd * dd
     return ncols
 
 
-@numba.njit(cache=True, boundscheck=False)
-def _pad_planes(x, c0, cn, pt, pl, hp, wp, xp):
-    """Zero-padded copy for the shift strategy: channel ``c`` of image ``n`` lands at
-    ``xp[c, n*hp*wp : (n+1)*hp*wp]`` as an ``(hp, wp)`` plane; the tail of ``xp`` stays zero."""
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _pad_planes(x, c0, ca, cb, pt, pl, hp, wp, xp):
+    """Zero-padded copy for the shift strategy, channels ``[ca, cb)`` of the group starting at
+    ``c0``: channel ``c`` of image ``n`` lands at ``xp[c, n*hp*wp : (n+1)*hp*wp]`` as an
+    ``(hp, wp)`` plane; the rest of the row (borders, slack) is zero."""
     nb = x.shape[0]
     h_, w_ = x.shape[3], x.shape[4]
     plane = hp * wp
-    xp[:] = 0
-    for c in range(cn):
+    for c in range(ca, cb):
         dst = xp[c]
+        dst[:] = 0
         for n in range(nb):
             src = x[n, c0 + c, 0]
             base = n * plane
@@ -197,14 +214,48 @@ def _pad_planes(x, c0, cn, pt, pl, hp, wp, xp):
                     dst[o + j] = s[j]
 
 
-@numba.njit(cache=True, boundscheck=False)
-def _crop_planes(acc, hp, wp, oh_, ow_, bias, m0, out):
-    """``out[n, m0+m, 0] = acc[m, n*hp*wp + (i*wp + j)] + bias[m0+m]`` for ``i < OH, j < OW``."""
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phase_planes(x, n, c0, ca, cb, sh, sw, pt, pl, hq, wq, xp):
+    """Strided shift strategy: for channels ``[ca, cb)`` (of the group at ``c0``) of image ``n``,
+    ``xp[c, (py*sw+px)*hq*wq + i*wq + j] = xpad[i*sh + py, j*sw + px]`` (zero outside the input),
+    one (hq, wq) plane per stride phase; the tail of the row is zero."""
+    h_, w_ = x.shape[3], x.shape[4]
+    plane = hq * wq
+    for c in range(ca, cb):
+        dst = xp[c]
+        dst[:] = 0
+        src = x[n, c0 + c, 0]
+        for py in range(sh):
+            for px in range(sw):
+                base = (py * sw + px) * plane
+                # columns j with 0 <= j*sw + px - pl < W
+                off = px - pl
+                lo = 0
+                if off < 0:
+                    lo = (-off + sw - 1) // sw
+                hi = 0
+                if w_ - 1 - off >= 0:
+                    hi = (w_ - 1 - off) // sw + 1
+                if hi > wq:
+                    hi = wq
+                for i in range(hq):
+                    r = i * sh + py - pt
+                    if r < 0 or r >= h_:
+                        continue
+                    srow = src[r]
+                    o = base + i * wq
+                    for j in range(lo, hi):
+                        dst[o + j] = srow[j * sw + off]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _crop_planes(acc, hp, wp, oh_, ow_, bias, m0, ma, mb, out):
+    """``out[n, m0+m, 0] = acc[m, n*hp*wp + (i*wp + j)] + bias[m0+m]`` for ``m`` in ``[ma, mb)``,
+    ``i < OH, j < OW``."""
     nb = out.shape[0]
-    mg = acc.shape[0]
     plane = hp * wp
     for n in range(nb):
-        for m in range(mg):
+        for m in range(ma, mb):
             a = acc[m]
             b = bias[m0 + m]
             dst = out[n, m0 + m, 0]
@@ -216,19 +267,26 @@ def _crop_planes(acc, hp, wp, oh_, ow_, bias, m0, out):
                     row[j] = a[o + j] + b
 
 
-@numba.njit(cache=True, boundscheck=False)
-def _add_bias(y, bias):
-    """``y[n, m, :] += bias[m]`` for ``y`` of shape (N, M, S)."""
-    nb, m_, s_ = y.shape
-    for n in range(nb):
-        for m in range(m_):
-            b = bias[m]
-            row = y[n, m]
-            for i in range(s_):
-                row[i] += b
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _crop_rows(acc, hp, wp, oh_, ow_, bias, m0, r0, r1, out):
+    """Like :func:`_crop_planes` for every output channel, padded rows ``[r0, r1)`` of the
+    accumulator (row ``r`` is image ``r // hp``, output row ``r % hp``)."""
+    mg = acc.shape[0]
+    for r in range(r0, r1):
+        n = r // hp
+        i = r - n * hp
+        if i >= oh_:
+            continue
+        o = r * wp
+        for m in range(mg):
+            a = acc[m]
+            b = bias[m0 + m]
+            row = out[n, m0 + m, 0, i]
+            for j in range(ow_):
+                row[j] = a[o + j] + b
 
 
-@numba.njit(cache=True, boundscheck=False)
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _subsample(x, sd, sh, sw, od_, oh_, ow_, out):
     nb, c_ = x.shape[0], x.shape[1]
     for n in range(nb):
@@ -241,16 +299,16 @@ def _subsample(x, sd, sh, sw, od_, oh_, ow_, out):
                         dst[k] = src[k * sw]
 
 
-@numba.njit(cache=True, boundscheck=False)
-def _conv_direct(x, w, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw, out):
-    """Grouped convolution as a loop nest: for each output channel and kernel tap, one
-    vectorisable update of each output row."""
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _conv_direct(x, w, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw, ma, mb, out):
+    """Grouped convolution as a loop nest over output channels ``[ma, mb)``: for each output
+    channel and kernel tap, one vectorisable update of each output row."""
     nb, c_, d_, h_, w_ = x.shape
     m_, cg, kd_, kh_, kw_ = w.shape
     _, _, od_, oh_, ow_ = out.shape
     mg = m_ // group
     for n in range(nb):
-        for m in range(m_):
+        for m in range(ma, mb):
             g = m // mg
             o = out[n, m]
             o[:] = bias[m] if has_bias else 0
@@ -280,12 +338,12 @@ def _conv_direct(x, w, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw
                                             dst[j] += wv * src[j * sw + offw]
 
 
-@numba.njit(cache=True, boundscheck=False)
-def _col2im_add(col, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, id_n, ih_n, iw_n, n, m0, out):
-    """ConvTranspose scatter: ``out[n, m0+m, i*s - p + k*d] += col[(m, k), i]`` (bounds-checked)."""
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _col2im_add(col, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, id_n, ih_n, iw_n, n, m0, ma, mb, out):
+    """ConvTranspose scatter: ``out[n, m0+m, i*s - p + k*d] += col[(m, k), i]`` for ``m`` in
+    ``[ma, mb)`` (bounds-checked)."""
     _, _, od_, oh_, ow_ = out.shape
-    mg = col.shape[0] // (kd_ * kh_ * kw_)
-    for m in range(mg):
+    for m in range(ma, mb):
         o = out[n, m0 + m]
         for kd in range(kd_):
             for kh in range(kh_):
@@ -319,13 +377,118 @@ def _col2im_add(col, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, id_n, ih
                                     dst[k * sw + offw] += row[base + k]
 
 
-@numba.njit(cache=True, boundscheck=False)
-def _fill_bias(out, bias, has_bias):
-    nb, m_ = out.shape[0], out.shape[1]
-    for n in range(nb):
-        for m in range(m_):
-            o = out[n, m]
-            o[:] = bias[m] if has_bias else 0
+# Winograd F(m x m, 3 x 3) (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks"):
+# Y = A^T [(G g G^T) * (B^T d B)] A per m x m output tile, alpha = m + 2 input tile.
+_WINO = {
+    2: (
+        [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+        [[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]],
+        [[1, 1, 1, 0], [0, 1, -1, -1]],
+    ),
+    4: (
+        [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+         [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
+        [[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+         [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
+        [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
+    ),
+}
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _wino_input(xp, bt, m, th, tw, hp, wp, nb, ca, cb, v):
+    """``v[i*a+j, c, t] = (B^T d_t B)[i, j]`` for channels ``[ca, cb)`` and every tile ``t``
+    (image, tile row, tile column); ``xp[c]`` holds each image's zero-padded plane. The tiles
+    of a plane are gathered first so every transform step runs over all of them at once."""
+    a = bt.shape[0]
+    tt = th * tw
+    d = np.empty((a, a, tt), dtype=v.dtype)
+    tmp = np.empty((a, a, tt), dtype=v.dtype)
+    plane = hp * wp
+    for c in range(ca, cb):
+        row = xp[c]
+        for n in range(nb):
+            for k in range(a):
+                for l_ in range(a):
+                    dk = d[k, l_]
+                    for ty in range(th):
+                        o = n * plane + (ty * m + k) * wp + l_
+                        for tx in range(tw):
+                            dk[ty * tw + tx] = row[o + tx * m]
+            # tmp[k, j] = sum_l d[k, l] B[l, j] = sum_l BT[j, l] d[k, l]
+            for k in range(a):
+                for j in range(a):
+                    tk = tmp[k, j]
+                    tk[:] = 0
+                    for l_ in range(a):
+                        f = bt[j, l_]
+                        if f != 0:
+                            src = d[k, l_]
+                            for t in range(tt):
+                                tk[t] += f * src[t]
+            t0 = n * tt
+            for i in range(a):
+                for j in range(a):
+                    dst = v[i * a + j, c, t0:t0 + tt]
+                    dst[:] = 0
+                    for k in range(a):
+                        f = bt[i, k]
+                        if f != 0:
+                            src = tmp[k, j]
+                            for t in range(tt):
+                                dst[t] += f * src[t]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _wino_output(mo, at, bias, m0, ma, mb, th, tw, out):
+    """``out[n, m0+o] = A^T M A + bias`` for output channels ``o`` in ``[ma, mb)`` (tiles cropped
+    to the output)."""
+    mt, a = at.shape
+    nb = out.shape[0]
+    oh_, ow_ = out.shape[3], out.shape[4]
+    tt = th * tw
+    tmp = np.empty((mt, a, tt), dtype=out.dtype)
+    y = np.empty((mt, mt, tt), dtype=out.dtype)
+    for o in range(ma, mb):
+        b = bias[m0 + o]
+        for n in range(nb):
+            t0 = n * tt
+            # tmp[i, l] = sum_k AT[i, k] M[k, l]
+            for i in range(mt):
+                for l_ in range(a):
+                    ti = tmp[i, l_]
+                    ti[:] = 0
+                    for k in range(a):
+                        f = at[i, k]
+                        if f != 0:
+                            src = mo[k * a + l_, o, t0:t0 + tt]
+                            for t in range(tt):
+                                ti[t] += f * src[t]
+            # y[i, j] = bias + sum_l tmp[i, l] AT[j, l]
+            for i in range(mt):
+                for j in range(mt):
+                    yi = y[i, j]
+                    yi[:] = b
+                    for l_ in range(a):
+                        f = at[j, l_]
+                        if f != 0:
+                            src = tmp[i, l_]
+                            for t in range(tt):
+                                yi[t] += f * src[t]
+            dst = out[n, m0 + o, 0]
+            for i in range(mt):
+                for ty in range(th):
+                    r = ty * mt + i
+                    if r >= oh_:
+                        continue
+                    drow = dst[r]
+                    for j in range(mt):
+                        yj = y[i, j]
+                        last = (ow_ - j + mt - 1) // mt  # tiles whose column j is inside
+                        if last > tw:
+                            last = tw
+                        for tx in range(last):
+                            drow[tx * mt + j] = yj[ty * tw + tx]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -335,6 +498,35 @@ def _fill_bias(out, bias, has_bias):
 def _float_input(spec: NodeSpec, x: np.ndarray, what: str) -> None:
     if x.dtype.kind != "f" and compute_dtype(x.dtype).kind != "f":
         raise spec.error(f"{what} must be a float tensor, got {x.dtype}")
+
+
+class PackCache:
+    """Weights laid out once per constant weight tensor (and compute dtype).
+
+    The execution plan hands a kernel the same read-only array for a constant input on every
+    run, but not the very object the factory saw in ``spec.const_inputs``: the first time an
+    array shows up it is compared with the constant, and from then on recognised by identity.
+    Only read-only arrays are remembered (a writeable one could be changed in place between
+    runs); anything else is packed per call.
+    """
+
+    def __init__(self, const: np.ndarray | None, make):
+        self.const = const
+        self.make = make
+        self._known: dict = {}  # (id, dtype) -> (array, packed); holds the array so ids stay unique
+
+    def get(self, w: np.ndarray, dt: np.dtype):
+        key = (id(w), dt)
+        hit = self._known.get(key)
+        if hit is not None and hit[0] is w:
+            return hit[1]
+        c = self.const
+        is_const = c is not None and (w is c or (
+            not w.flags.writeable and w.shape == c.shape and w.dtype == c.dtype and np.array_equal(w, c)))
+        packed = self.make(w, dt)
+        if is_const and len(self._known) < 8:
+            self._known[key] = (w, packed)
+        return packed
 
 
 class _ConvWeights:
@@ -347,6 +539,34 @@ class _ConvWeights:
         self.mg = m // group
         self.mat = self.w5.reshape(group, self.mg, -1)  # im2col / pointwise: (G, Mg, Cg*K)
         self._taps = None
+        self._wino2 = self._wino4 = None
+        self._packs: dict = {}
+
+    def gemm(self, key, a: np.ndarray, b: np.ndarray, c: np.ndarray, parallel: bool = True) -> None:
+        """``c += a @ b`` where ``a`` is a (fixed, per ``key``) matrix derived from these weights:
+        byoc's micro-kernel GEMM on a panel-packed copy of ``a`` (made once) for float32, BLAS
+        otherwise."""
+        m, k = a.shape
+        if c.dtype == np.float32 and use_own_gemm(m, b.shape[1], k):
+            ap = self._packs.get(key)
+            if ap is None:
+                ap = self._packs[key] = pack_a(a)
+            gemm_acc(ap, m, k, b, c, parallel)
+        else:
+            matmul_into(a, b, c, 1.0, 1.0, parallel)
+
+    def wino(self, m: int) -> np.ndarray:
+        """Winograd-domain weights ``G g G^T``: (G, alpha^2, Mg, Cg)."""
+        key = f"_wino{m}"
+        u = getattr(self, key, None)
+        if u is None:
+            gm = np.asarray(_WINO[m][1], dtype=np.float64)
+            g, mg = self.group, self.mg
+            w = self.w5[:, :, 0].astype(np.float64).reshape((g, mg) + self.w5.shape[1:2] + self.w5.shape[3:])
+            u = np.einsum("ik,gmckl,jl->gijmc", gm, w, gm)
+            u = np.ascontiguousarray(u.reshape(g, (m + 2) ** 2, mg, -1), dtype=self.w5.dtype)
+            setattr(self, key, u)
+        return u
 
     @property
     def taps(self) -> np.ndarray:
@@ -367,10 +587,9 @@ def make_conv(spec: NodeSpec):
     kshape_attr = spec.attr("kernel_shape")
     w_const = spec.const_inputs.get(1)
     x_dtype = spec.input_dtypes[0] if spec.input_dtypes else None
-    packed: dict = {}
-    if w_const is not None and w_const.ndim >= 3:
-        dt = compute_dtype(x_dtype if x_dtype is not None else w_const.dtype)
-        packed[(id(w_const), dt)] = _ConvWeights(w_const, group, dt)
+    packed = PackCache(w_const, lambda w, dt: _ConvWeights(w, group, dt))
+    if w_const is not None and w_const.ndim >= 3 and x_dtype is not None:
+        packed.get(w_const, compute_dtype(x_dtype))  # lay the constant weights out now, not on the first run
     b_const = spec.const_inputs.get(2)
     geometry: dict = {}
 
@@ -403,9 +622,14 @@ def make_conv(spec: NodeSpec):
             g["how"] = "pointwise"
         elif group > 1 and cg < _DIRECT_MAX_CHANNELS:
             g["how"] = "direct"
+        elif (nd == 2 and ksz == [3, 3] and strides == [1, 1] and dil == [1, 1] and have_blas(x.dtype)
+              and cg >= _WINO_MIN_CHANNELS and m // group >= _WINO_MIN_CHANNELS
+              and min(out_sp) >= _WINO_MIN_SIDE[2]):
+            g["how"] = "winograd"
+            g["wm"] = 4 if min(out_sp) >= _WINO_MIN_SIDE[4] else 2
         else:
             g["how"] = "im2col"
-            if HAVE_SGEMM and nd <= 2 and all(s == 1 for s in strides) and cg >= _SHIFT_MIN_CHANNELS and kvol > 1:
+            if nd <= 2 and all(s == 1 for s in strides) and cg >= _SHIFT_MIN_CHANNELS and kvol > 1:
                 hp = g["in"][1] + g["pb"][1] + g["pe"][1]
                 wp = g["in"][2] + g["pb"][2] + g["pe"][2]
                 oh, ow = pad3(out_sp, 1)[1:]
@@ -414,16 +638,21 @@ def make_conv(spec: NodeSpec):
                 if ncols <= _SHIFT_MAX_WASTE * nb * oh * ow:
                     g["how"] = "shift"
                     g["hp"], g["wp"], g["ncols"] = hp, wp, ncols
+            elif nd <= 2 and cg >= _SHIFT_MIN_CHANNELS and kvol > 1:
+                # strided: one plane per stride phase, each tap reads one phase plane
+                _, kh, kw = g["k"]
+                _, sh, sw = g["s"]
+                _, dh, dw = g["d"]
+                oh, ow = pad3(out_sp, 1)[1:]
+                hq = oh + ((kh - 1) * dh) // sh
+                wq = ow + ((kw - 1) * dw) // sw
+                if wq <= _SHIFT_MAX_WASTE * ow:
+                    g["how"] = "phase_shift"
+                    g["hq"], g["wq"] = hq, wq
         return g
 
     def weights(w, dt) -> _ConvWeights:
-        key = (id(w), dt)
-        pw = packed.get(key)
-        if pw is None or pw.w5.shape[1:] != canon5(w).shape[1:]:
-            pw = _ConvWeights(w, group, dt)
-            if w is w_const:
-                packed[key] = pw
-        return pw
+        return packed.get(w, dt)
 
     def run(x, w, b=None):
         _float_input(spec, x, "X")
@@ -432,7 +661,7 @@ def make_conv(spec: NodeSpec):
         g = geometry.get(key)
         if g is None:
             g = geometry[key] = setup(x, w)
-        if g["how"] == "shift" and dt != np.float32:
+        if g["how"] in ("shift", "phase_shift") and dt != np.float32:
             g = dict(g, how="im2col")
         pw = weights(w, dt)
         x5 = np.ascontiguousarray(canon5(x), dtype=dt)
@@ -453,17 +682,28 @@ def make_conv(spec: NodeSpec):
             sd, sh, sw = g["s"]
             dd, dh, dw = g["d"]
             pd, ph, pw_ = g["pb"]
-            _conv_direct(x5, pw.w5, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw_, out)
-        elif how == "pointwise":
-            _pointwise(x5, pw, g, out)
-            if has_bias:
-                _add_bias(out.reshape(nb, m, -1), bias)
+            w5 = pw.w5
+            blocks = split(m, threads.num_threads() * 2)
+
+            def chunk(i):
+                ma, mb = blocks[i]
+                _conv_direct(x5, w5, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw_, ma, mb, out)
+
+            threads.parallel_for(chunk, len(blocks))
         elif how == "shift":
             _shift(x5, pw, g, bias, out)
+        elif how == "winograd":
+            _winograd(x5, pw, g, bias, out)
+        elif how == "phase_shift":
+            _phase_shift(x5, pw, g, bias, out)
         else:
-            _im2col_conv(x5, pw, g, out)
-            if has_bias:
-                _add_bias(out.reshape(nb, m, -1), bias)
+            # the products accumulate onto the bias (a GEMM clears its output first anyway)
+            outr = out.reshape(nb, m, -1)
+            outr[...] = bias[None, :, None] if has_bias else 0
+            if how == "pointwise":
+                _pointwise(x5, pw, g, outr)
+            else:
+                _im2col_conv(x5, pw, g, out)
         y = out.reshape(out.shape[:2] + tuple(g["out_sp"]))
         if y.dtype != x.dtype:
             y = y.astype(x.dtype)
@@ -472,24 +712,24 @@ def make_conv(spec: NodeSpec):
     return run
 
 
-def _pointwise(x5, pw: _ConvWeights, g, out):
+def _pointwise(x5, pw: _ConvWeights, g, outr):
     nb, c = x5.shape[:2]
     s = g["s"]
-    od, oh, ow = out.shape[2:]
+    od, oh, ow = pad3(g["out_sp"], 1)
     if any(v != 1 for v in s):
-        xs = np.empty((nb, c, od, oh, ow), dtype=x5.dtype)
+        xs = threads.scratch("conv.sub", (nb, c, od, oh, ow), x5.dtype)
         _subsample(x5, s[0], s[1], s[2], od, oh, ow, xs)
         x5 = xs
     cg, mg = g["cg"], g["mg"]
     xr = x5.reshape(nb, c, -1)
-    outr = out.reshape(nb, out.shape[1], -1)
     for n in range(nb):
         for gi in range(pw.group):
-            matmul_into(pw.mat[gi], xr[n, gi * cg:(gi + 1) * cg], outr[n, gi * mg:(gi + 1) * mg])
+            pw.gemm(("mat", gi), pw.mat[gi], xr[n, gi * cg:(gi + 1) * cg], outr[n, gi * mg:(gi + 1) * mg])
 
 
 def _im2col_conv(x5, pw: _ConvWeights, g, out):
     nb = x5.shape[0]
+    dt = x5.dtype
     cg, mg = g["cg"], g["mg"]
     kd, kh, kw = g["k"]
     sd, sh, sw = g["s"]
@@ -497,17 +737,143 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out):
     pd, ph, pw_ = g["pb"]
     od, oh, ow = out.shape[2:]
     rows = od * oh
+    s_out = rows * ow
     krows = cg * kd * kh * kw
-    block = max(1, min(rows, _COL_BLOCK // max(1, krows * ow)))
-    col_buf = np.empty(krows * block * ow, dtype=x5.dtype)
     outr = out.reshape(nb, out.shape[1], -1)
+    nt = threads.num_threads()
+    max_rows = max(1, _COL_BLOCK // max(1, krows * ow))
+    if nt > 1 and s_out >= 512 * nt:
+        # wide output: blocks of output rows, each built and multiplied by one thread
+        nblocks = max(2 * nt, -(-rows // max_rows))
+        blocks = split(rows, nblocks)
+        for n in range(nb):
+            for gi in range(pw.group):
+                dst = outr[n, gi * mg:(gi + 1) * mg]
+
+                def chunk(i, n=n, gi=gi, dst=dst):
+                    r0, r1 = blocks[i]
+                    col = threads.scratch("conv.col_block", (krows, (r1 - r0) * ow), dt)
+                    _im2col(x5, n, gi * cg, cg, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw_, od, oh, ow, r0, r1,
+                            col)
+                    pw.gemm(("mat", gi), pw.mat[gi], col, dst[:, r0 * ow:r1 * ow], parallel=False)
+
+                threads.parallel_for(chunk, len(blocks))
+        return
+    # narrow output (or no pool): the patch matrix in row blocks bounded in memory, each
+    # multiplied with the GEMM split over the pool
+    block = min(rows, max_rows)
+    col_buf = threads.scratch("conv.col", (krows * block * ow,), dt)
     for n in range(nb):
         for gi in range(pw.group):
             for r0 in range(0, rows, block):
                 r1 = min(rows, r0 + block)
                 col = col_buf[: krows * (r1 - r0) * ow].reshape(krows, (r1 - r0) * ow)
                 _im2col(x5, n, gi * cg, cg, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw_, od, oh, ow, r0, r1, col)
-                matmul_into(pw.mat[gi], col, outr[n, gi * mg:(gi + 1) * mg, r0 * ow:r1 * ow])
+                pw.gemm(("mat", gi), pw.mat[gi], col, outr[n, gi * mg:(gi + 1) * mg, r0 * ow:r1 * ow])
+
+
+def _winograd(x5, pw: _ConvWeights, g, bias, out):
+    nb = x5.shape[0]
+    dt = x5.dtype
+    cg, mg = g["cg"], g["mg"]
+    mt = g["wm"]
+    a = mt + 2
+    _, pt, pl = g["pb"]
+    oh, ow = out.shape[3:]
+    th, tw = -(-oh // mt), -(-ow // mt)
+    hp, wp = th * mt + 2, tw * mt + 2
+    ntiles = nb * th * tw
+    bt = np.asarray(_WINO[mt][0], dtype=dt)
+    at = np.asarray(_WINO[mt][2], dtype=dt)
+    xp = threads.scratch("conv.pad", (cg, nb * hp * wp), dt)
+    v = threads.scratch("conv.wino_v", (a * a, cg, ntiles), dt)
+    mo = threads.scratch("conv.wino_m", (a * a, mg, ntiles), dt)
+    u = pw.wino(mt)
+    nt = threads.num_threads()
+    cblocks = split(cg, 2 * nt)
+    mblocks = split(mg, 2 * nt)
+    for gi in range(pw.group):
+        c0 = gi * cg
+
+        def in_chunk(i, c0=c0):
+            ca, cb = cblocks[i]
+            _pad_planes(x5, c0, ca, cb, pt, pl, hp, wp, xp)
+            _wino_input(xp, bt, mt, th, tw, hp, wp, nb, ca, cb, v)
+
+        threads.parallel_for(in_chunk, len(cblocks))
+        ug = u[gi]
+
+        def gemm_chunk(e, ug=ug, gi=gi):
+            mo[e] = 0
+            pw.gemm(("wino", mt, gi, e), ug[e], v[e], mo[e], parallel=False)
+
+        threads.parallel_for(gemm_chunk, a * a)
+
+        def out_chunk(i, gi=gi):
+            ma, mb = mblocks[i]
+            _wino_output(mo, at, bias, gi * mg, ma, mb, th, tw, out)
+
+        threads.parallel_for(out_chunk, len(mblocks))
+
+
+def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
+    nb = x5.shape[0]
+    cg, mg = g["cg"], g["mg"]
+    _, kh, kw = g["k"]
+    _, sh, sw = g["s"]
+    _, dh, dw = g["d"]
+    _, pt, pl = g["pb"]
+    hq, wq = g["hq"], g["wq"]
+    oh, ow = out.shape[3:]
+    plane = hq * wq
+    ncols = oh * wq
+    # tap (i, j) reads phase ((i*dh) % sh, (j*dw) % sw) at row/column offset ((i*dh)//sh, (j*dw)//sw)
+    offsets = [(((i * dh) % sh) * sw + (j * dw) % sw) * plane + ((i * dh) // sh) * wq + (j * dw) // sw
+               for i in range(kh) for j in range(kw)]
+    ld = sh * sw * plane + wq  # slack: reads past a plane only feed dropped columns
+    xp = threads.scratch("conv.pad", (cg, ld), np.float32)
+    acc = threads.scratch("conv.acc", (mg, ncols), np.float32)
+    taps = pw.taps
+    nt = threads.num_threads()
+    cblocks = split(cg, nt)
+    if ncols >= 256 * nt:
+        blocks = [(r0 * wq, r1 * wq, r0, r1) for r0, r1 in split(oh, 2 * nt)]
+    else:
+        blocks = None
+        mblocks = split(mg, nt, 8)
+    for n in range(nb):
+        out_n = out[n:n + 1]
+        for gi in range(pw.group):
+            c0 = gi * cg
+
+            def pad_chunk(i, c0=c0, n=n):
+                ca, cb = cblocks[i]
+                _phase_planes(x5, n, c0, ca, cb, sh, sw, pt, pl, hq, wq, xp)
+
+            threads.parallel_for(pad_chunk, len(cblocks))
+            wg = taps[gi]
+            if blocks is not None:
+
+                def col_chunk(i, wg=wg, gi=gi, out_n=out_n):
+                    lo, hi, r0, r1 = blocks[i]
+                    dst = acc[:, lo:hi]
+                    dst[...] = 0
+                    for t, off in enumerate(offsets):
+                        pw.gemm(("tap", gi, t), wg[t], xp[:, off + lo:off + hi], dst, parallel=False)
+                    _crop_rows(acc, oh, wq, oh, ow, bias, gi * mg, r0, r1, out_n)
+
+                threads.parallel_for(col_chunk, len(blocks))
+            else:
+
+                def row_chunk(i, wg=wg, gi=gi, out_n=out_n):
+                    ma, mb = mblocks[i]
+                    dst = acc[ma:mb]
+                    dst[...] = 0
+                    for t, off in enumerate(offsets):
+                        pw.gemm(("tap", gi, t, ma), wg[t][ma:mb], xp[:, off:off + ncols], dst, parallel=False)
+                    _crop_planes(acc, oh, wq, oh, ow, bias, gi * mg, ma, mb, out_n)
+
+                threads.parallel_for(row_chunk, len(mblocks))
 
 
 def _shift(x5, pw: _ConvWeights, g, bias, out):
@@ -521,20 +887,50 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
     # one row per channel: all images' padded planes side by side, then slack for the last
     # taps' reads past the final plane (they only feed dropped columns)
     ldb = nb * hp * wp + (kw - 1) * dw
-    xp = np.empty((cg, ldb), dtype=np.float32)
-    acc = np.empty((mg, ncols), dtype=np.float32)
+    xp = threads.scratch("conv.pad", (cg, ldb), np.float32)
+    acc = threads.scratch("conv.acc", (mg, ncols), np.float32)
     taps = pw.taps
+    nt = threads.num_threads()
+    cblocks = split(cg, nt)
+    offsets = [i * dh * wp + j * dw for i in range(kh) for j in range(kw)]
+    prow = -(-ncols // wp)  # padded rows (of width wp) the accumulator covers
+    if ncols >= 256 * nt:
+        # wide: blocks of padded rows (columns of the accumulator), every tap, then the crop
+        blocks = [(r0 * wp, min(ncols, r1 * wp), r0, r1) for r0, r1 in split(prow, 2 * nt)]
+    else:
+        blocks = None
+        mblocks = split(mg, nt, 8)
     for gi in range(pw.group):
-        _pad_planes(x5, gi * cg, cg, pt, pl, hp, wp, xp)
-        t = 0
+        c0 = gi * cg
+
+        def pad_chunk(i, c0=c0):
+            ca, cb = cblocks[i]
+            _pad_planes(x5, c0, ca, cb, pt, pl, hp, wp, xp)
+
+        threads.parallel_for(pad_chunk, len(cblocks))
         wg = taps[gi]
-        for i in range(kh):
-            for j in range(kw):
-                off = (i * dh * wp + j * dw) * 4
-                sgemm(mg, ncols, cg, wg[t].ctypes.data, cg, xp.ctypes.data + off, ldb, acc.ctypes.data, ncols,
-                      1.0, 0.0 if t == 0 else 1.0)
-                t += 1
-        _crop_planes(acc, hp, wp, oh, ow, bias, gi * mg, out)
+        if blocks is not None:
+
+            def col_chunk(i, wg=wg, gi=gi):
+                lo, hi, r0, r1 = blocks[i]
+                dst = acc[:, lo:hi]
+                dst[...] = 0
+                for t, off in enumerate(offsets):
+                    pw.gemm(("tap", gi, t), wg[t], xp[:, off + lo:off + hi], dst, parallel=False)
+                _crop_rows(acc, hp, wp, oh, ow, bias, gi * mg, r0, r1, out)
+
+            threads.parallel_for(col_chunk, len(blocks))
+        else:
+
+            def row_chunk(i, wg=wg, gi=gi):
+                ma, mb = mblocks[i]
+                dst = acc[ma:mb]
+                dst[...] = 0
+                for t, off in enumerate(offsets):
+                    pw.gemm(("tap", gi, t, ma), wg[t][ma:mb], xp[:, off:off + ncols], dst, parallel=False)
+                _crop_planes(acc, hp, wp, oh, ow, bias, gi * mg, ma, mb, out)
+
+            threads.parallel_for(row_chunk, len(mblocks))
 
 
 # -------------------------------------------------------------------------------------------------
@@ -550,7 +946,13 @@ def make_conv_transpose(spec: NodeSpec):
     kshape_attr = spec.attr("kernel_shape")
     out_shape_attr = spec.attr("output_shape")
     w_const = spec.const_inputs.get(1)
-    packed: dict = {}
+
+    def pack(w, dt):
+        cg = w.shape[0] // group
+        # (G, Mg*K, Cg): cols = Wt @ X
+        return np.ascontiguousarray(np.asarray(w, dtype=dt).reshape(group, cg, -1).transpose(0, 2, 1))
+
+    packed = PackCache(w_const, pack)
     geometry: dict = {}
 
     def setup(x, w):
@@ -577,15 +979,11 @@ def make_conv_transpose(spec: NodeSpec):
                     target = target[2:]
                 if len(target) != nd:
                     raise spec.error(f"output_shape {target} does not have {nd} spatial dimensions")
-                if any(target[i] > natural[i] for i in range(nd)):
-                    raise spec.error(
-                        f"output_shape {target} is larger than the full transposed convolution {natural} "
-                        f"of input {in_sp}"
-                    )
             else:
                 target = [in_sp[i] * strides[i] for i in range(nd)]
-            # with auto_pad SAME and a kernel narrower than the stride the total is negative: the
-            # output then grows at the side the padding would have gone to (as onnx.reference does)
+            # a target larger than the full output (auto_pad SAME with a kernel narrower than the
+            # stride, or an explicit output_shape) makes the total negative: the output then grows
+            # at the side the padding would have gone to, as in the spec's formula (and onnx.reference)
             total = [natural[i] - target[i] for i in range(nd)]
             if auto_pad == "SAME_UPPER":
                 pb = [t // 2 for t in total]
@@ -602,17 +1000,7 @@ def make_conv_transpose(spec: NodeSpec):
                 "in": pad3(in_sp, 1), "cg": c // group, "mg": w.shape[1]}
 
     def weights(w, dt):
-        key = (id(w), dt)
-        wt = packed.get(key)
-        if wt is None:
-            cg = w.shape[0] // group
-            # (G, Mg*K, Cg): cols = Wt @ X
-            wt = np.ascontiguousarray(
-                np.asarray(w, dtype=dt).reshape(group, cg, -1).transpose(0, 2, 1)
-            )
-            if w is w_const:
-                packed[key] = wt
-        return wt
+        return packed.get(w, dt)
 
     def run(x, w, b=None):
         _float_input(spec, x, "X")
@@ -631,10 +1019,9 @@ def make_conv_transpose(spec: NodeSpec):
         if has_bias:
             if b.shape != (m,):
                 raise spec.error(f"B must have shape [{m}], got {list(b.shape)}")
-            bias = np.ascontiguousarray(b, dtype=dt)
+            out.reshape(nb, m, -1)[...] = np.asarray(b, dtype=dt)[None, :, None]
         else:
-            bias = np.zeros(1, dtype=dt)
-        _fill_bias(out, bias, has_bias)
+            out[...] = 0
         x5 = np.ascontiguousarray(canon5(x), dtype=dt)
         idn, ihn, iwn = g["in"]
         xr = x5.reshape(nb, x5.shape[1], -1)
@@ -642,10 +1029,19 @@ def make_conv_transpose(spec: NodeSpec):
         sd, sh, sw = g["s"]
         dd, dh, dw = g["d"]
         pd, ph, pw_ = g["pb"]
+        kvol = kd * kh * kw
+        col = threads.scratch("conv.col", (mg * kvol, idn * ihn * iwn), dt)
+        blocks = split(mg, threads.num_threads())
         for n in range(nb):
             for gi in range(group):
-                col = np.dot(wt[gi], xr[n, gi * cg:(gi + 1) * cg])
-                _col2im_add(col, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw_, idn, ihn, iwn, n, gi * mg, out)
+                matmul_into(wt[gi], xr[n, gi * cg:(gi + 1) * cg], col)
+
+                def chunk(i, n=n, gi=gi):
+                    ma, mb = blocks[i]
+                    _col2im_add(col, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw_, idn, ihn, iwn, n, gi * mg,
+                                ma, mb, out)
+
+                threads.parallel_for(chunk, len(blocks))
         y = out.reshape(out.shape[:2] + tuple(g["out_sp"]))
         if y.dtype != x.dtype:
             y = y.astype(x.dtype)

@@ -2,53 +2,54 @@
 
 The heavy kernels (Conv, ConvTranspose, Gemm, MatMul) spend their time in BLAS calls on the
 OpenBLAS library that numpy ships; everything around them (im2col, padding, pooling,
-elementwise work) is Numba. Both have thread pools, and on a small machine they fight.
+elementwise work) is Numba. Both libraries bring thread pools, and on a small machine they
+fight. Measurements on the 2-core development machine (AMD EPYC Zen 5; numpy 2.4 with
+OpenBLAS 0.3.31, numba 0.68 with the ``omp`` threading layer):
 
-Measured on the 2-core reference machine (AMD EPYC, Zen 5; numpy 2.4 with OpenBLAS 0.3.31,
-numba 0.68 with the ``omp`` threading layer), a ResNet-like chain of 1x1-conv GEMMs with a
-``prange`` ReLU after each:
+1. OpenBLAS threads and Numba ``prange`` threads oversubscribe the cores. A ResNet-like chain
+   of 1x1-conv GEMMs with a ``prange`` ReLU after each took 4.1 ms as GEMMs alone, 44 ms with
+   the ReLUs (8x), 6.0 ms with serial ReLUs and 4.8 ms with ``OMP_WAIT_POLICY=PASSIVE``: after
+   a parallel region GNU OpenMP workers busy-wait on every core while the next GEMM needs them.
+2. OpenBLAS's own threads collapse when the machine is busy. With other processes running
+   (load average 6 on the 2 cores, as when several test suites run), a 0.85 ms single-threaded
+   SGEMM (ResNet-50 layer shape) took 8-36 ms with 2 OpenBLAS threads: the calling thread
+   waits for a worker that is not scheduled, for whole scheduler time slices.
 
-=====================================================  ========
-policy                                                  time
-=====================================================  ========
-GEMMs alone (OpenBLAS, 2 threads)                        4.1 ms
-GEMM + prange ReLU, defaults (OMP spins, BLAS spins)    44   ms   <- the trap: 8x slower
-GEMM + serial ReLU (Numba single-threaded)                6.0 ms
-GEMM + prange ReLU, ``OMP_WAIT_POLICY=PASSIVE``            4.8 ms
-OpenBLAS limited to 1 thread, prange ReLU                 6.4 ms
-=====================================================  ========
-
-After a parallel region GNU OpenMP workers busy-wait (``GOMP_SPINCOUNT``) on every core
-while the next BLAS call wants those cores, and OpenBLAS workers spin after a GEMM. The
-policy chosen here is therefore **BLAS owns the cores**: OpenBLAS keeps one thread per core,
-the conv/gemm/pool/norm kernels of this package run their Numba parts single-threaded (they
-are memory-bound next to the GEMMs, and a second thread bought little once the spinning was
-removed), and for kernels elsewhere that do use ``prange`` the OpenMP pool is made passive
-(workers sleep as soon as a region ends) so it never steals the cores from BLAS.
+The policy is therefore **one pool, owned by byoc**: OpenBLAS runs single-threaded, and the
+kernels split their work into chunks (column or row blocks of a GEMM, channel blocks of a
+Numba loop) that :func:`parallel_for` hands to the calling thread plus one helper thread per
+further core. The calling thread claims chunks itself, so a helper that is not scheduled in
+time costs nothing: on a busy machine the kernel degrades to single-threaded speed instead of
+collapsing; on an idle one both cores work. BLAS (ctypes and numpy) and ``nogil`` Numba
+kernels release the GIL inside a chunk. Kernels elsewhere that use ``prange`` still get
+their OpenMP pool, made passive (``OMP_WAIT_POLICY=PASSIVE``) so it sleeps as soon as a
+region ends and never spins while the pool works.
 
 OpenBLAS picks its SGEMM kernels from the CPU (AVX-512 "SkylakeX" ones on that machine) unless
 ``OPENBLAS_CORETYPE`` says otherwise; the development environment sets
-``OPENBLAS_CORETYPE=Haswell`` (AVX2), which halves SGEMM throughput there (ResNet-50 layer
-shapes: 220-250 GFLOP/s instead of 340-440 on 2 cores). That is the user's choice and is left
-alone; :func:`blas_info` reports the kernel set in use so benchmarks can say which it was.
+``OPENBLAS_CORETYPE=Haswell`` (AVX2), which halves SGEMM throughput there. That is the
+user's choice and is left alone; :func:`blas_info` reports the kernel set in use.
 
 :func:`configure` runs once, when this module is imported (that is, when the kernel package
 is imported, before any kernel can run), and may be called again (it is idempotent).
-Environment switches: ``BYOC_THREAD_POLICY=off`` leaves every library as it is;
-``OMP_WAIT_POLICY`` set by the user is respected.
+Environment switches: ``BYOC_NUM_THREADS`` sets the pool size (default: the CPUs this process
+may run on); ``BYOC_THREAD_POLICY=off`` leaves OpenBLAS and OpenMP as they are and runs every
+chunk on the calling thread; an ``OMP_WAIT_POLICY`` set by the user is respected.
 """
 
 from __future__ import annotations
 
 import ctypes
 import glob
+import itertools
 import os
 import threading
 from typing import Any
 
 import numpy as np
 
-__all__ = ["blas_info", "configure", "openblas", "openblas_symbol", "set_blas_threads"]
+__all__ = ["blas_info", "configure", "num_threads", "openblas", "openblas_symbol", "parallel_for", "scratch",
+           "set_blas_threads"]
 
 _lock = threading.RLock()
 _configured = False
@@ -168,19 +169,165 @@ def set_blas_threads(n: int) -> bool:
     return True
 
 
+def _default_threads() -> int:
+    env = os.environ.get("BYOC_NUM_THREADS", "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            pass
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+# -------------------------------------------------------------------------------------------------
+# the pool
+
+
+class _Job:
+    __slots__ = ("fn", "n", "claim", "done", "lock", "finished", "error")
+
+    def __init__(self, fn, n: int):
+        self.fn = fn
+        self.n = n
+        self.claim = itertools.count()  # next() is atomic under the GIL
+        self.done = 0
+        self.lock = threading.Lock()
+        self.finished = threading.Event()
+        self.error: BaseException | None = None
+
+    def work(self) -> None:
+        while True:
+            i = next(self.claim)
+            if i >= self.n:
+                return
+            try:
+                self.fn(i)
+            except BaseException as exc:  # re-raised on the calling thread
+                self.error = exc
+            with self.lock:
+                self.done += 1
+                if self.done == self.n:
+                    self.finished.set()
+
+
+class _Pool:
+    """The calling thread plus ``workers`` helper threads; one job at a time."""
+
+    def __init__(self, workers: int):
+        self.size = workers + 1
+        self._busy = threading.Lock()
+        self._cv = threading.Condition()
+        self._job: _Job | None = None
+        self._generation = 0
+        for i in range(workers):
+            threading.Thread(target=self._loop, name=f"byoc-worker-{i}", daemon=True).start()
+
+    def _loop(self) -> None:
+        seen = 0
+        while True:
+            with self._cv:
+                while self._generation == seen:
+                    self._cv.wait()
+                seen = self._generation
+                job = self._job
+            if job is not None:
+                job.work()
+
+    def run(self, fn, n: int) -> None:
+        # a job already running (another thread's kernel): this one runs on its caller alone
+        if n <= 1 or self.size == 1 or not self._busy.acquire(blocking=False):
+            for i in range(n):
+                fn(i)
+            return
+        try:
+            job = _Job(fn, n)
+            with self._cv:
+                self._job = job
+                self._generation += 1
+                self._cv.notify_all()
+            job.work()
+            job.finished.wait()
+            if job.error is not None:
+                raise job.error
+        finally:
+            self._job = None
+            self._busy.release()
+
+
+_pool: _Pool | None = None
+
+# -------------------------------------------------------------------------------------------------
+# per-thread scratch buffers
+
+_tls = threading.local()
+# larger workspaces are allocated per call instead of kept
+_SCRATCH_MAX_BYTES = 64 << 20
+
+
+def scratch(name: str, shape, dtype) -> np.ndarray:
+    """A reusable work buffer of the calling thread (contents undefined), never a kernel output.
+
+    Kernels allocate several large temporaries per call (padded inputs, patch matrices,
+    Winograd tiles); fresh ones are returned to the OS by ``free`` and page-faulted back in on
+    every call, which measured 2-3x the cost of the arithmetic for a 3x3 conv on a 56x56 plane.
+    Buffers are keyed by ``name`` and grow as needed; a kernel must use distinct names for
+    buffers alive at the same time.
+    """
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if n > _SCRATCH_MAX_BYTES:
+        return np.empty(shape, dtype=dtype)
+    bufs = getattr(_tls, "bufs", None)
+    if bufs is None:
+        bufs = _tls.bufs = {}
+    buf = bufs.get(name)
+    if buf is None or buf.nbytes < n:
+        buf = bufs[name] = np.empty(max(n, 64), dtype=np.uint8)
+    return buf[:n].view(dtype).reshape(shape)
+
+
+def num_threads() -> int:
+    """How many threads :func:`parallel_for` uses (the caller included)."""
+    configure()
+    return _pool.size if _pool is not None else 1
+
+
+def parallel_for(fn, n: int) -> None:
+    """Call ``fn(i)`` for ``i`` in ``range(n)``, spread over the calling thread and the pool.
+
+    ``fn`` must release the GIL for its bulk (BLAS, ``nogil`` Numba) to run in parallel, and
+    chunks must write disjoint memory. Exceptions are re-raised here. Safe to call from many
+    threads at once (a call that finds the pool busy runs its chunks itself).
+    """
+    configure()
+    if _pool is None:
+        for i in range(n):
+            fn(i)
+    else:
+        _pool.run(fn, n)
+
+
 def configure() -> dict[str, Any]:
     """Apply the thread policy (once per process); returns what was done."""
-    global _configured
+    global _configured, _pool
     if _configured:
         return dict(_info)
     with _lock:
         if _configured:
             return dict(_info)
         if os.environ.get("BYOC_THREAD_POLICY", "").lower() in ("off", "0", "none"):
-            _info["policy"] = "off (BYOC_THREAD_POLICY)"
+            _info["policy"] = "off (BYOC_THREAD_POLICY): libraries untouched, kernels single-threaded"
         else:
-            _info["policy"] = "BLAS owns the cores; Numba parts of conv/gemm/pool/norm single-threaded"
+            n = _default_threads()
+            _info["policy"] = f"byoc pool of {n} thread(s); OpenBLAS single-threaded inside each chunk"
             _info["omp"] = _make_omp_passive()
+            if set_blas_threads(1):
+                _info["openblas_threads"] = 1
+            if n > 1:
+                _pool = _Pool(n - 1)
         _configured = True
     _info["openblas_core"] = _corename() or "no OpenBLAS"
     return dict(_info)
@@ -193,6 +340,7 @@ def blas_info() -> dict[str, Any]:
     if fn is not None:
         fn.restype = ctypes.c_int
         info["openblas_threads"] = int(fn())
+    info["pool_threads"] = num_threads()
     info["cblas_sgemm"] = openblas_symbol("cblas_sgemm") is not None
     return info
 

@@ -1,0 +1,120 @@
+"""byoc's Conv kernel against onnxruntime on ResNet-50's convolution layers, one node at a time.
+
+Each layer is a single-node model (Conv with constant weights and bias, as after BatchNorm
+folding) run through ``byoc.compile`` and through an onnxruntime session; the two are timed
+interleaved and the minimum over the repetitions is reported (the minimum is the figure least
+disturbed by other work on a shared machine).
+
+    python benchmarks/conv_micro.py [--threads N] [--reps R] [--layers all|3x3|1x1]
+
+``--threads N`` sets byoc's pool (``BYOC_NUM_THREADS``) and onnxruntime's intra-op threads to N;
+``--threads 1`` compares one core against one core, which stays meaningful on a busy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+# (input C, H, W), (M, C, KH, KW), stride, pad, how many times ResNet-50 has the layer
+RESNET50_LAYERS = [
+    ((3, 224, 224), (64, 3, 7, 7), 2, 3, 1),
+    ((64, 56, 56), (64, 64, 1, 1), 1, 0, 1),
+    ((64, 56, 56), (64, 64, 3, 3), 1, 1, 3),
+    ((64, 56, 56), (256, 64, 1, 1), 1, 0, 4),
+    ((256, 56, 56), (64, 256, 1, 1), 1, 0, 2),
+    ((256, 56, 56), (128, 256, 1, 1), 1, 0, 1),
+    ((128, 56, 56), (128, 128, 3, 3), 2, 1, 1),
+    ((256, 56, 56), (512, 256, 1, 1), 2, 0, 1),
+    ((128, 28, 28), (512, 128, 1, 1), 1, 0, 4),
+    ((512, 28, 28), (128, 512, 1, 1), 1, 0, 3),
+    ((128, 28, 28), (128, 128, 3, 3), 1, 1, 3),
+    ((512, 28, 28), (256, 512, 1, 1), 1, 0, 1),
+    ((256, 28, 28), (256, 256, 3, 3), 2, 1, 1),
+    ((512, 28, 28), (1024, 512, 1, 1), 2, 0, 1),
+    ((256, 14, 14), (1024, 256, 1, 1), 1, 0, 6),
+    ((1024, 14, 14), (256, 1024, 1, 1), 1, 0, 5),
+    ((256, 14, 14), (256, 256, 3, 3), 1, 1, 5),
+    ((1024, 14, 14), (512, 1024, 1, 1), 1, 0, 1),
+    ((512, 14, 14), (512, 512, 3, 3), 2, 1, 1),
+    ((1024, 14, 14), (2048, 1024, 1, 1), 2, 0, 1),
+    ((512, 7, 7), (2048, 512, 1, 1), 1, 0, 3),
+    ((2048, 7, 7), (512, 2048, 1, 1), 1, 0, 2),
+    ((512, 7, 7), (512, 512, 3, 3), 1, 1, 2),
+]
+
+
+def conv_model(xshape, wshape, stride, pad, seed=0):
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal(wshape) * np.sqrt(2.0 / np.prod(wshape[1:]))).astype(np.float32)
+    b = rng.standard_normal(wshape[0]).astype(np.float32) * 0.1
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=[stride] * 2, pads=[pad] * 4,
+                            kernel_shape=list(wshape[2:]))
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, *xshape])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x = rng.standard_normal((1, *xshape)).astype(np.float32)
+    return model, {"x": x}
+
+
+def best_of(fn, reps):
+    for _ in range(3):
+        fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=0, help="threads for OpenBLAS and onnxruntime (0: default)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--layers", choices=["all", "3x3", "1x1"], default="all")
+    args = ap.parse_args()
+
+    if args.threads:
+        os.environ["BYOC_NUM_THREADS"] = str(args.threads)  # read when byoc's kernels load
+    import onnxruntime as ort
+
+    import byoc
+    from byoc.kernels import threads
+    print("thread policy:", threads.blas_info())
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if args.threads:
+        so.intra_op_num_threads = args.threads
+
+    total_b = total_o = 0.0
+    print(f"{'input':>16} {'weight':>20} s  n   byoc ms    ort ms   ratio")
+    for xshape, wshape, stride, pad, count in RESNET50_LAYERS:
+        k = wshape[2]
+        if (args.layers == "3x3" and k == 1) or (args.layers == "1x1" and k != 1):
+            continue
+        model, feeds = conv_model(xshape, wshape, stride, pad)
+        compiled = byoc.compile(model, targets=[])
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        ours = compiled.run(feeds)["y"]
+        ref = sess.run(None, feeds)[0]
+        np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3)
+        tb = best_of(lambda c=compiled, f=feeds: c.run(f), args.reps)
+        to = best_of(lambda s=sess, f=feeds: s.run(None, f), args.reps)
+        total_b += tb * count
+        total_o += to * count
+        print(f"{str(xshape):>16} {str(wshape):>20} {stride} {count:2d} {tb * 1e3:9.3f} {to * 1e3:9.3f} {tb / to:7.2f}")
+    print(f"ResNet-50 convolutions (weighted by count): byoc {total_b * 1e3:.2f} ms, onnxruntime {total_o * 1e3:.2f} ms,"
+          f" ratio {total_b / total_o:.2f}")
+
+
+if __name__ == "__main__":
+    main()
