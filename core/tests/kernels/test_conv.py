@@ -80,6 +80,45 @@ def test_conv_im2col_strategy_property(case):
     check("Conv", [x, w] + ([b] if b is not None else []), attrs, const=const)
 
 
+@SETTINGS
+@given(conv_cases(min_cg=16, max_cg=20, ranks=(1, 2)))
+def test_conv_strided_strategies_property(case):
+    # >= 16 channels per group with strides: stride-phase planes (shift over phases, or im2col
+    # from phases for small channel counts once _SHIFT_MIN_CHANNELS is raised)
+    x, w, b, attrs, const = case
+    check("Conv", [x, w] + ([b] if b is not None else []), attrs, const=const)
+
+
+@pytest.mark.parametrize("how", ["shift", "im2col", "winograd2", "winograd4", "openblas"])
+def test_conv_each_strategy(how, monkeypatch):
+    """Every strategy on the same layers, forced through the module's thresholds."""
+    from byoc.kernels import conv as C
+    from byoc.kernels import gemm as G
+
+    if how == "im2col":
+        monkeypatch.setattr(C, "_SHIFT_MIN_CHANNELS", 10**9)
+    if how.startswith("winograd"):
+        monkeypatch.setattr(G, "_OWN_GEMM", False)  # Winograd is chosen only with OpenBLAS's GEMM
+        monkeypatch.setattr(C, "_WINO_MIN_SIDE", {2: 1, 4: 1 if how == "winograd4" else 10**9})
+    if how == "openblas":
+        monkeypatch.setattr(G, "_OWN_GEMM", False)
+        monkeypatch.setattr(C, "_WINO_MIN_SIDE", {2: 10**9, 4: 10**9})
+    rng = np.random.default_rng(11)
+    for xshape, wshape, attrs in [
+        ((2, 16, 18, 17), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+        ((1, 20, 11, 9), (8, 20, 3, 3), {"pads": [0, 1, 2, 1]}),
+        ((1, 16, 13, 12), (8, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+        ((1, 3, 20, 20), (8, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
+        ((2, 24, 9, 10), (12, 24, 1, 1), {}),
+    ]:
+        x = rng.standard_normal(xshape).astype(np.float32)
+        w = (rng.standard_normal(wshape) / np.sqrt(np.prod(wshape[1:]))).astype(np.float32)
+        b = rng.standard_normal(wshape[0]).astype(np.float32)
+        # Winograd F(4x4, 3x3) rounds more than a direct sum (its transforms scale by up to 8)
+        tol = {"rtol": 1e-3, "atol": 1e-3} if how == "winograd4" else {}
+        check("Conv", [x, w, b], attrs, **tol)
+
+
 @pytest.mark.parametrize(
     "xshape,wshape,attrs",
     [

@@ -145,3 +145,36 @@ def test_sgemm_strided_accumulate():
     out = np.zeros((5, 30), np.float32)
     G.matmul_into(a, b, out[:, 5:25])
     np.testing.assert_allclose(out[:, 5:25], a @ b, rtol=1e-5, atol=1e-5)
+
+
+# -------------------------------------------------------------------------------------------------
+# byoc's own float32 GEMM (micro-kernel + packing)
+
+
+@SETTINGS
+@given(m=st.integers(1, 40), k=st.integers(1, 600), n=st.integers(1, 200), pad_b=st.integers(0, 40),
+       pad_c=st.integers(0, 40), parallel=st.booleans(), seed=st.integers(0, 2**16))
+def test_own_gemm_property(m, k, n, pad_b, pad_c, parallel, seed):
+    # C += A @ B with B and C as column windows of wider matrices (row strides != N), partial
+    # row panels (M % 8), partial column panels (N % 32) and several depth blocks (K > 256)
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b_big = rng.standard_normal((k, n + pad_b)).astype(np.float32)
+    c_big = rng.standard_normal((m, n + pad_c)).astype(np.float32)
+    before = c_big.copy()
+    b = b_big[:, pad_b:]
+    c = c_big[:, :n]
+    G.gemm_acc(G.pack_a(a), m, k, b, c, parallel=parallel)
+    expected = before[:, :n] + a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(c, expected, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    np.testing.assert_array_equal(c_big[:, n:], before[:, n:])  # nothing written outside the window
+
+
+def test_own_gemm_resnet_shapes():
+    rng = np.random.default_rng(9)
+    for m, k, n in [(64, 64, 3136), (256, 1024, 196), (512, 4608, 49), (2048, 512, 49)]:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        c = np.zeros((m, n), np.float32)
+        G.gemm_acc(G.pack_a(a), m, k, b, c)
+        np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)

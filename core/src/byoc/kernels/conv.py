@@ -50,7 +50,10 @@ _SHIFT_MAX_WASTE = 1.5
 # grouped convolutions with fewer channels per group than this run the direct loop nest
 _DIRECT_MAX_CHANNELS = 8
 # 3x3 stride-1 convolutions with at least this many input and output channels per group use
-# Winograd: F(2x2, 3x3) from an output side of _WINO_MIN_SIDE[2], F(4x4, 3x3) from _WINO_MIN_SIDE[4]
+# Winograd: F(2x2, 3x3) from an output side of _WINO_MIN_SIDE[2], F(4x4, 3x3) from _WINO_MIN_SIDE[4].
+# Only where the GEMM is OpenBLAS's (float64, or BYOC_OWN_GEMM=0): with byoc's own float32 GEMM
+# the shift strategy measured as fast (ResNet-50's 3x3 layers: within +-15%, either way) without
+# Winograd's transforms and its rounding (F(4x4): ~6e-6 relative error)
 _WINO_MIN_CHANNELS = 8
 _WINO_MIN_SIDE = {2: 8, 4: 40}
 
@@ -246,6 +249,24 @@ def _phase_planes(x, n, c0, ca, cb, sh, sw, pt, pl, hq, wq, xp):
                     o = base + i * wq
                     for j in range(lo, hi):
                         dst[o + j] = srow[j * sw + off]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _im2col_phases(xp, cn, offsets, wq, ow_, r0, r1, col):
+    """Patch matrix rows ``c*T + t`` (tap ``t``) for output rows ``[r0, r1)`` from phase planes
+    (:func:`_phase_planes`): every row segment is a contiguous copy."""
+    nt = offsets.shape[0]
+    for c in range(cn):
+        src = xp[c]
+        for t in range(nt):
+            row = col[c * nt + t]
+            off = offsets[t]
+            base = 0
+            for r in range(r0, r1):
+                o = off + r * wq
+                for j in range(ow_):
+                    row[base + j] = src[o + j]
+                base += ow_
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -624,7 +645,8 @@ def make_conv(spec: NodeSpec):
             g["how"] = "direct"
         elif (nd == 2 and ksz == [3, 3] and strides == [1, 1] and dil == [1, 1] and have_blas(x.dtype)
               and cg >= _WINO_MIN_CHANNELS and m // group >= _WINO_MIN_CHANNELS
-              and min(out_sp) >= _WINO_MIN_SIDE[2]):
+              and min(out_sp) >= _WINO_MIN_SIDE[2]
+              and not (compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg))):
             g["how"] = "winograd"
             g["wm"] = 4 if min(out_sp) >= _WINO_MIN_SIDE[4] else 2
         else:
@@ -742,6 +764,9 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out):
     outr = out.reshape(nb, out.shape[1], -1)
     nt = threads.num_threads()
     max_rows = max(1, _COL_BLOCK // max(1, krows * ow))
+    if kd == 1 and od == 1 and (sh > 1 or sw > 1):
+        _im2col_strided(x5, pw, g, outr, max_rows)
+        return
     if nt > 1 and s_out >= 512 * nt:
         # wide output: blocks of output rows, each built and multiplied by one thread
         nblocks = max(2 * nt, -(-rows // max_rows))
@@ -770,6 +795,47 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out):
                 col = col_buf[: krows * (r1 - r0) * ow].reshape(krows, (r1 - r0) * ow)
                 _im2col(x5, n, gi * cg, cg, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw_, od, oh, ow, r0, r1, col)
                 pw.gemm(("mat", gi), pw.mat[gi], col, outr[n, gi * mg:(gi + 1) * mg, r0 * ow:r1 * ow])
+
+
+def _im2col_strided(x5, pw: _ConvWeights, g, outr, max_rows):
+    """im2col for strided 1-D/2-D convolutions, built from stride-phase planes so that every
+    copy is contiguous (a strided gather per element measured 2-3x slower)."""
+    nb = x5.shape[0]
+    dt = x5.dtype
+    cg, mg = g["cg"], g["mg"]
+    _, kh, kw = g["k"]
+    _, sh, sw = g["s"]
+    _, dh, dw = g["d"]
+    _, pt, pl = g["pb"]
+    _, oh, ow = pad3(g["out_sp"], 1)
+    hq = oh + ((kh - 1) * dh) // sh
+    wq = ow + ((kw - 1) * dw) // sw
+    plane = hq * wq
+    offsets = np.array([(((i * dh) % sh) * sw + (j * dw) % sw) * plane + ((i * dh) // sh) * wq + (j * dw) // sw
+                        for i in range(kh) for j in range(kw)], dtype=np.int64)
+    krows = cg * kh * kw
+    xp = threads.scratch("conv.pad", (cg, sh * sw * plane), dt)
+    nt = threads.num_threads()
+    cblocks = split(cg, nt)
+    blocks = split(oh, max(2 * nt, -(-oh // max_rows)))
+    for n in range(nb):
+        for gi in range(pw.group):
+            c0 = gi * cg
+
+            def pad_chunk(i, c0=c0, n=n):
+                ca, cb = cblocks[i]
+                _phase_planes(x5, n, c0, ca, cb, sh, sw, pt, pl, hq, wq, xp)
+
+            threads.parallel_for(pad_chunk, len(cblocks))
+            dst = outr[n, gi * mg:(gi + 1) * mg]
+
+            def chunk(i, gi=gi, dst=dst):
+                r0, r1 = blocks[i]
+                col = threads.scratch("conv.col_block", (krows, (r1 - r0) * ow), dt)
+                _im2col_phases(xp, cg, offsets, wq, ow, r0, r1, col)
+                pw.gemm(("mat", gi), pw.mat[gi], col, dst[:, r0 * ow:r1 * ow], parallel=False)
+
+            threads.parallel_for(chunk, len(blocks))
 
 
 def _winograd(x5, pw: _ConvWeights, g, bias, out):

@@ -15,16 +15,16 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from byoc.kernels import threads  # noqa: F401  (applies the thread policy)
+from byoc.kernels import threads
 from byoc.kernels.conv import auto_pad_mode, canon5, int_list, pad3, window_geometry
-from byoc.kernels.gemm import compute_dtype
+from byoc.kernels.gemm import compute_dtype, split
 from byoc.kernels.registry import NodeSpec, kernel
 
 # -------------------------------------------------------------------------------------------------
 # Numba kernels
 
 
-@numba.njit(cache=True, boundscheck=False)
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _tap_range(o_n, s, off, n):
     lo = 0
     if off < 0:
@@ -39,13 +39,16 @@ def _tap_range(o_n, s, off, n):
     return lo, hi
 
 
-@numba.njit(cache=True, boundscheck=False)
-def _pool_taps(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, is_max, init, out):
-    """Max (``is_max``) or sum of each window, one kernel tap at a time."""
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _pool_taps(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, is_max, init, out, p0, p1):
+    """Max (``is_max``) or sum of each window, one kernel tap at a time, for the planes
+    ``[p0, p1)`` of the flattened (N*C) plane index."""
     nb, c_, d_, h_, w_ = x.shape
     _, _, od_, oh_, ow_ = out.shape
-    for n in range(nb):
-        for c in range(c_):
+    for p in range(p0, p1):
+        n = p // c_
+        c = p - n * c_
+        if True:
             o = out[n, c]
             o[:] = init
             xc = x[n, c]
@@ -68,13 +71,11 @@ def _pool_taps(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, is_max, ini
                                     if sw == 1:
                                         for j in range(lo, hi):
                                             v = src[j + offw]
-                                            if v > dst[j]:
-                                                dst[j] = v
+                                            dst[j] = v if v > dst[j] else dst[j]
                                     else:
                                         for j in range(lo, hi):
                                             v = src[j * sw + offw]
-                                            if v > dst[j]:
-                                                dst[j] = v
+                                            dst[j] = v if v > dst[j] else dst[j]
                                 else:
                                     if sw == 1:
                                         for j in range(lo, hi):
@@ -84,7 +85,7 @@ def _pool_taps(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, is_max, ini
                                             dst[j] += src[j * sw + offw]
 
 
-@numba.njit(cache=True, boundscheck=False)
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _divide(out, cd, ch, cw):
     nb, c_, od_, oh_, ow_ = out.shape
     for n in range(nb):
@@ -97,7 +98,7 @@ def _divide(out, cd, ch, cw):
                         row[k] = row[k] / (f * cw[k])
 
 
-@numba.njit(cache=True, boundscheck=False)
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _maxpool_indices(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, col_major, init, out, idx):
     nb, c_, d_, h_, w_ = x.shape
     _, _, od_, oh_, ow_ = out.shape
@@ -140,7 +141,7 @@ def _maxpool_indices(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, col_m
                             idx[n, c, od, oh, ow] = cbase + (bi * h_ + bj) * w_ + bk
 
 
-@numba.njit(cache=True, boundscheck=False)
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _global_pool(x, is_max, out):
     # x (R, S) -> out (R,); float64 accumulation for the mean
     r_, s_ = x.shape
@@ -233,7 +234,12 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
             _maxpool_indices(x5, *k3, *s3, *d3, pd, ph, pw, storage_order == 1, _lowest(dt), out, idx)
         else:
             init = _lowest(dt) if is_max else dt.type(0)
-            _pool_taps(x5, *k3, *s3, *d3, pd, ph, pw, is_max, init, out)
+            planes = split(x.shape[0] * x.shape[1], 2 * threads.num_threads())
+
+            def chunk(i):
+                _pool_taps(x5, *k3, *s3, *d3, pd, ph, pw, is_max, init, out, *planes[i])
+
+            threads.parallel_for(chunk, len(planes))
             if not is_max:
                 cd, ch, cw = g["counts"]
                 _divide(out, cd, ch, cw)
