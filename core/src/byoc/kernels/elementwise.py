@@ -50,15 +50,31 @@ PARALLEL_MIN_ELEMENTS = 1 << 20
 #: smallest share of work handed to one thread
 PARALLEL_MIN_CHUNK = 1 << 18
 
-_workers: int | None = None  # None: decided on first use
-_pool: ThreadPoolExecutor | None = None
+_workers: int | None = None  # None: the shared pool's size (or the CPU count)
+_pool: ThreadPoolExecutor | None = None  # fallback pool, only without threads.parallel_for
 _pool_lock = threading.Lock()
+_shared: tuple | None | bool = False  # False: not looked up yet
+
+
+def _shared_pool() -> tuple | None:
+    """``(parallel_for, num_threads)`` of the kernel package's thread policy
+    (:mod:`byoc.kernels.threads`), or ``None`` when it offers no pool."""
+    global _shared
+    if _shared is False:
+        try:
+            from byoc.kernels import threads
+        except ImportError:  # pragma: no cover
+            threads = None
+        pf = getattr(threads, "parallel_for", None)
+        nt = getattr(threads, "num_threads", None)
+        _shared = (pf, nt) if callable(pf) and callable(nt) else None
+    return _shared
 
 
 def _default_workers() -> int:
-    env = os.environ.get("NUMBA_NUM_THREADS")
-    if env and env.isdigit():
-        return max(1, int(env))
+    shared = _shared_pool()
+    if shared is not None:
+        return shared[1]()
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - non-Linux
@@ -68,8 +84,9 @@ def _default_workers() -> int:
 def set_parallelism(
     workers: int | None = None, min_elements: int | None = None, min_chunk: int | None = None
 ) -> None:
-    """Set how many threads the elementwise/activation/reduce kernels may use (1 = serial), the
-    work size from which they split, and the least work per thread. ``None`` keeps a value."""
+    """Tune the splitting of the elementwise/activation/reduce kernels: ``workers`` (1 = serial;
+    default: the size of the shared pool), the work from which they split, and the least work
+    per chunk. ``None`` keeps a value."""
     global _workers, _pool, PARALLEL_MIN_ELEMENTS, PARALLEL_MIN_CHUNK
     with _pool_lock:
         if workers is not None:
@@ -85,7 +102,7 @@ def set_parallelism(
 
 
 def parallel_workers() -> int:
-    """The number of threads :func:`run_ranges` may use."""
+    """The number of threads :func:`run_ranges` splits for."""
     global _workers
     if _workers is None:
         _workers = _default_workers()
@@ -118,18 +135,27 @@ def run_ranges(fn: Callable, n_units: int, args: tuple, unit_cost: int = 1) -> N
     """Call ``fn(*args, start, stop)`` so that the ranges cover ``[0, n_units)``.
 
     ``fn`` must be a ``nogil`` kernel writing disjoint outputs per unit. ``unit_cost`` is the
-    number of elements one unit touches; small work runs in one call on this thread.
+    number of elements one unit touches; small work runs in one call on this thread. Large
+    work is cut into chunks for the kernel package's shared pool
+    (:func:`byoc.kernels.threads.parallel_for`: the calling thread claims chunks too, so a
+    helper that is not scheduled costs nothing); without one, a private pool of this module.
     """
     work = n_units * max(1, unit_cost)
     workers = parallel_workers()
     if workers <= 1 or n_units < 2 or work < PARALLEL_MIN_ELEMENTS:
         fn(*args, 0, n_units)
         return
-    k = int(min(workers, n_units, max(1, work // PARALLEL_MIN_CHUNK)))
+    shared = _shared_pool()
+    # with work claiming, a few chunks per thread even out threads that start late
+    per_thread = 4 if shared is not None else 1
+    k = int(min(workers * per_thread, n_units, max(1, work // PARALLEL_MIN_CHUNK)))
     if k <= 1:
         fn(*args, 0, n_units)
         return
     bounds = [n_units * i // k for i in range(k + 1)]
+    if shared is not None:
+        shared[0](lambda i: fn(*args, bounds[i], bounds[i + 1]), k)
+        return
     pool = _get_pool(workers)
     futures = [pool.submit(fn, *args, bounds[i], bounds[i + 1]) for i in range(1, k)]
     try:
