@@ -209,6 +209,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     strict: bool = False,
     registry: Registry | None = None,
     hook_timeout: float | None = HOOK_TIMEOUT,
+    calibration: Iterable[Mapping[str, np.ndarray]] | None = None,
 ) -> CompiledModel:
     """Compile an ONNX model.
 
@@ -223,6 +224,10 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     :param registry: the plugin registry to use (default: the installed plugins).
     :param hook_timeout: seconds one codegen or runtime hook may take before its region falls
         back (``None``: no limit).
+    :param calibration: sample feeds (an iterable of ``{input name: array}``, read once) for
+        targets that run quantised code (``Target.needs_calibration``, see :mod:`byoc.quantize`).
+        Without it such a target raises :class:`byoc.CalibrationRequiredError` when listed in
+        ``targets``, and is skipped when ``targets=None`` (``options["skipped_targets"]`` says why).
     :returns: a :class:`CompiledModel`.
     """
     from byoc import passes as _passes
@@ -231,6 +236,11 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     budget = budget or DEFAULT_BUDGET
     registry = registry if registry is not None else (get_registry() if targets != [] else None)
     selected = resolve_targets(registry, targets) if registry is not None else []
+    from byoc.quantize import pipeline as _quant
+
+    selected, skipped = _quant.split_targets(selected, targets is not None, calibration)
+    if skipped and target_options:
+        target_options = {k: v for k, v in target_options.items() if k not in skipped}
     options = resolve_options(selected, target_options)
 
     ir_model = load_model(model, budget=budget, require_kernels=not selected)
@@ -241,7 +251,8 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         if has_symbolic_inputs(proto):
             # compile once without the static-shape targets; specialise per shape on first use
             dynamic = [t.name for t in selected if t.shape_policy == "dynamic"]
-            kwargs = dict(passes=passes, budget=budget, strict=strict, registry=registry, hook_timeout=hook_timeout)
+            kwargs = dict(passes=passes, budget=budget, strict=strict, registry=registry, hook_timeout=hook_timeout,
+                          calibration=calibration)
             base = compile(proto, dynamic, target_options={k: v for k, v in (target_options or {}).items()
                                                           if k in dynamic}, **kwargs)
             names = [t.name for t in selected]
@@ -259,6 +270,9 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
             if exc is not None:
                 faults.add(plugin, "byoc_pre_partition", f"raised {type(exc).__name__}: {exc} (target {t.name!r})")
 
+    # targets that run quantised code: calibrate the float model once, here (after every rewrite)
+    quantizer = _quant.prepare(ir_model, selected, options, calibration, budget)
+
     records: dict[str, NodeRecord]
     compiled_regions: list[CompiledRegion] = []
     if selected:
@@ -275,6 +289,8 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         for region in regions:
             opts = options[region.target]
             post_failed = False
+            if quantizer is not None and quantizer.wants(region) and not quantizer.apply(region, faults):
+                post_failed = True  # the fault names the tensor; the region runs on the host
             for plugin, _, exc in registry.call_each("byoc_post_partition", target=region.target, region=region,
                                                       options=opts):
                 if exc is not None:
@@ -307,7 +323,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         return None
 
     plan = build_plan(ir_model.graph, budget=budget, step_factory=step_factory)
-    return CompiledModel(
+    cm = CompiledModel(
         ir_model,
         plan,
         options={"targets": [t.name for t in selected], "target_options": options, "strict": strict},
@@ -317,3 +333,8 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         targets=selected,
         budget=budget,
     )
+    if skipped:
+        cm.options["skipped_targets"] = skipped
+    if quantizer is not None:
+        cm.options["calibration"] = quantizer.summary()
+    return cm

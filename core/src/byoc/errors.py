@@ -50,6 +50,14 @@ class OptionError(ByocError, ValueError):
     """An invalid compile option: unknown pass or target name, bad option value."""
 
 
+class CalibrationRequiredError(OptionError):
+    """A target quantises to integers and needs calibration data: ``byoc.compile(..., calibration=samples)``."""
+
+
+class QuantizationError(ByocError):
+    """A region cannot be quantised (e.g. a tensor without calibration statistics); names the tensor."""
+
+
 class RunTimeoutError(ByocError):
     """``CompiledModel.run(..., timeout=)`` ran out of time; the message names the node it reached."""
 
@@ -69,6 +77,7 @@ class BundleError(ByocError):
 __all__ = [
     "ByocError",
     "BundleError",
+    "CalibrationRequiredError",
     "ExternalDataError",
     "InputError",
     "KernelError",
@@ -76,6 +85,7 @@ __all__ = [
     "ModelValidationError",
     "OptionError",
     "PluginError",
+    "QuantizationError",
     "ResourceLimitError",
     "RunCancelledError",
     "RunTimeoutError",

@@ -19,6 +19,7 @@ from byoc.kernels import (  # noqa: E402,F401  isort: skip
     control_flow,
     rnn,
     indexing,
+    quant,
 )
 
 __all__ = ["NodeSpec", "get_factory", "is_supported", "kernel", "make_kernel", "supported_ops"]

@@ -32,6 +32,14 @@ class Target:
         then runs new shapes on the remaining targets/host) or ``"buckets"`` (specialise only for
         the input shapes listed in ``shape_buckets``).
     :param shape_buckets: for ``"buckets"``: a list of ``{input name: shape}`` dicts.
+    :param needs_calibration: the target runs quantised (integer) code: ``byoc.compile`` needs
+        ``calibration=`` samples for it (an explicit target without them raises
+        :class:`byoc.CalibrationRequiredError`; with ``targets=None`` it is skipped, and
+        ``CompiledModel.options["skipped_targets"]`` says why), and its regions reach the code
+        generator quantised (see :mod:`byoc.quantize`).
+    :param quantization: the scheme the target asks for (:class:`byoc.quantize.QuantScheme`
+        keys, e.g. ``{"activations": "pow2", "weights": "per_channel"}``); a user may override
+        keys with ``target_options={name: {"quantization": {...}}}``.
     """
 
     name: str
@@ -46,6 +54,8 @@ class Target:
     shape_policy: str = "dynamic"
     shape_buckets: list[dict[str, tuple[int, ...]]] = field(default_factory=list)
     max_specializations: int = 8
+    needs_calibration: bool = False
+    quantization: dict[str, Any] = field(default_factory=dict)
     #: filled in by the plugin manager
     plugin: str = ""
     distribution: str = ""
