@@ -1,4 +1,4 @@
-"""Developer sessions: `nox -s demo` (the main job), `bench`, `lint`, `fuzz`, `tests`."""
+"""Developer sessions: `nox -s demo` (the main job), `bench`, `fuzz`, `lint`, `tests`."""
 
 from __future__ import annotations
 
@@ -6,9 +6,6 @@ import nox
 
 nox.options.sessions = ["demo"]
 nox.options.reuse_existing_virtualenvs = True
-
-PLUGINS = []  # plugin folders under plugins/ that exist are installed too
-
 
 def _install(session: nox.Session, *extras: str) -> None:
     from pathlib import Path
@@ -31,6 +28,14 @@ def bench(session: nox.Session) -> None:
     """byoc vs onnxruntime on the nine model-zoo architectures (medians, cold and warm)."""
     _install(session)
     session.run("python", "benchmarks/bench_models.py", *session.posargs)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The structure-aware fuzzer: `nox -s fuzz -- --seconds 600` or `-- --count 5000 --seed 3`."""
+    _install(session)
+    args = session.posargs or ["--count", "2000"]
+    session.run("python", "-m", "byoc.testing.fuzz", *args)
 
 
 @nox.session

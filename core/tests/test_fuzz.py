@@ -1,0 +1,44 @@
+"""The structure-aware fuzzer, short and with fixed seeds (``nox -s fuzz`` runs it for longer).
+
+Every case must compile and run, or be refused with a ByocError: never another exception type,
+never past the time limit, never past the memory cap.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from byoc.testing import fuzz
+
+
+def test_fixed_seed_fuzz_run_has_no_findings():
+    summary = fuzz.fuzz(count=150, seed=20261202)
+    assert summary.cases == 150
+    assert summary.ok, [(f.kind, f.case_seed, f.mutations, f.detail) for f in summary.findings]
+    # the mutations must actually reach both outcomes
+    assert summary.counts.get("byoc-error", 0) > 50 and summary.counts.get("ok", 0) > 5
+
+
+@settings(max_examples=60)
+@given(rnd=st.randoms(use_true_random=False))
+def test_hypothesis_driven_mutations_only_raise_byoc_errors(rnd: random.Random):
+    name, applied, data = fuzz.make_case(rnd)
+    outcome = fuzz.run_case(data, rnd, seed_model=name, mutations=applied)
+    assert outcome.kind in ("ok", "byoc-error"), (outcome.kind, name, applied, outcome.detail)
+
+
+def test_every_mutation_applies_to_some_seed_model():
+    for mutation in fuzz.STRUCTURAL:
+        applied = False
+        for make in fuzz.SEEDS.values():
+            model = make()
+            before = model.SerializeToString()
+            try:
+                mutation(random.Random(3), model)
+            except Exception:
+                continue
+            applied = applied or model.SerializeToString() != before
+        assert applied, mutation.__name__
