@@ -201,6 +201,9 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
         if min(out_sp) <= 0:
             raise spec.error(f"output would be empty (spatial size {out_sp}) for input {list(x.shape)}")
         g = {"out_sp": out_sp, "pb": pad3(pb, 0)}
+        # one window covering the whole unpadded input (ResNet's 7x7 average): a global pool
+        g["global"] = (all(o == 1 for o in out_sp) and not any(pb) and not any(pe)
+                       and all(d == 1 for d in dil) and list(kshape) == in_sp)
         if not is_max:
             # window positions counted by the divisor, per axis (windows are products of axes)
             counts = []
@@ -229,7 +232,9 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
         od, oh, ow = pad3(g["out_sp"], 1)
         out = np.empty(x.shape[:2] + (od, oh, ow), dtype=dt)
         pd, ph, pw = g["pb"]
-        if want_indices:
+        if g["global"] and not want_indices and x5.dtype.kind == "f":
+            _global_pool(x5.reshape(-1, x5[0, 0].size), is_max, out.reshape(-1))
+        elif want_indices:
             idx = np.empty(out.shape, dtype=np.int64)
             _maxpool_indices(x5, *k3, *s3, *d3, pd, ph, pw, storage_order == 1, _lowest(dt), out, idx)
         else:
