@@ -14,7 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget
-from byoc.errors import ByocError, InputError, KernelError
+from byoc.errors import ByocError, InputError, KernelError, ResourceLimitError
 from byoc.kernels.registry import NodeSpec, make_kernel
 from byoc.runtime import control as _control
 
@@ -166,6 +166,9 @@ class Plan:
                     env[slot] = None
         except ByocError:
             raise
+        except MemoryError as exc:  # a kernel that did not check its budget before allocating
+            assert step is not None
+            raise ResourceLimitError(f"node {step.name!r} ({step.op_type}): out of memory: {exc}") from exc
         except Exception as exc:
             assert step is not None
             raise KernelError(f"node {step.name!r} ({step.op_type}) failed: {type(exc).__name__}: {exc}") from exc
