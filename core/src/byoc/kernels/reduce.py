@@ -237,36 +237,42 @@ def k_log_sum_exp(x, out, r, inner, init, rr, start, stop):
 
 
 @_inline
-def _better_max(v, best, last):
-    return v > best or (last and v == best)
+def _gt(v, best):
+    return v > best
 
 
 @_inline
-def _better_min(v, best, last):
-    return v < best or (last and v == best)
+def _ge(v, best):
+    return v >= best
 
 
 @_inline
-def _arg(better, x, out, r, inner, last, start, stop):
-    # NaN as numpy (and onnx.reference) treat it: a NaN beats every number; the first NaN wins,
-    # the last one with select_last_index
-    if inner == 1:
-        for o in range(start, stop):
-            row = x[o * r : (o + 1) * r]
-            best = row[0]
-            bi = 0
-            for j in range(1, r):
-                v = row[j]
-                if best != best:  # noqa: PLR0124
-                    if not last:
-                        break
-                    if v != v:  # noqa: PLR0124
-                        bi = j
-                elif better(v, best, last) or v != v:  # noqa: PLR0124
-                    best = v
-                    bi = j
-            out[o] = bi
-        return
+def _lt(v, best):
+    return v < best
+
+
+@_inline
+def _le(v, best):
+    return v <= best
+
+
+@_inline
+def _arg_rows(better, x, out, r, start, stop):
+    # inner == 1: one contiguous row per output
+    for o in range(start, stop):
+        row = x[o * r : (o + 1) * r]
+        best = row[0]
+        bi = 0
+        for j in range(1, r):
+            v = row[j]
+            if better(v, best):
+                best = v
+                bi = j
+        out[o] = bi
+
+
+@_inline
+def _arg_blocks(better, x, out, r, inner, start, stop):
     best = np.empty(inner, x.dtype)
     idx = np.empty(inner, np.int64)
     for o in range(start, stop):
@@ -276,27 +282,61 @@ def _arg(better, x, out, r, inner, last, start, stop):
         for j in range(1, r):
             row = blk[j * inner : (j + 1) * inner]
             for i in range(inner):
-                v = row[i]
-                b = best[i]
-                if b != b:  # noqa: PLR0124
-                    if last and v != v:  # noqa: PLR0124
-                        idx[i] = j
-                elif better(v, b, last) or v != v:  # noqa: PLR0124
-                    best[i] = v
+                if better(row[i], best[i]):
+                    best[i] = row[i]
                     idx[i] = j
         orow = out[o * inner : (o + 1) * inner]
         for i in range(inner):
             orow[i] = idx[i]
 
 
+@_inline
+def _arg_nan_fixup(x, out, r, inner, last, start, stop):
+    # NaN as numpy (and onnx.reference) treat it: a NaN beats every number; the first NaN wins,
+    # the last one with select_last_index. One vectorised pass looks for NaN at all.
+    nan = False
+    seg = x[start * r * inner : stop * r * inner]
+    for k in range(seg.size):
+        nan |= seg[k] != seg[k]  # noqa: PLR0124
+    if not nan:
+        return
+    for o in range(start, stop):
+        blk = x[o * r * inner : (o + 1) * r * inner]
+        for i in range(inner):
+            found = -1
+            for j in range(r):
+                v = blk[j * inner + i]
+                if v != v:  # noqa: PLR0124
+                    found = j
+                    if not last:
+                        break
+            if found >= 0:
+                out[o * inner + i] = found
+
+
+@_inline
+def _arg(strict, loose, x, out, r, inner, last, start, stop):
+    # ties: the first index with a strict comparison, the last with a loose one
+    if inner == 1:
+        if last:
+            _arg_rows(loose, x, out, r, start, stop)
+        else:
+            _arg_rows(strict, x, out, r, start, stop)
+    elif last:
+        _arg_blocks(loose, x, out, r, inner, start, stop)
+    else:
+        _arg_blocks(strict, x, out, r, inner, start, stop)
+    _arg_nan_fixup(x, out, r, inner, last, start, stop)
+
+
 @_jit
 def k_argmax(x, out, r, inner, last, start, stop):
-    _arg(_better_max, x, out, r, inner, last, start, stop)
+    _arg(_gt, _ge, x, out, r, inner, last, start, stop)
 
 
 @_jit
 def k_argmin(x, out, r, inner, last, start, stop):
-    _arg(_better_min, x, out, r, inner, last, start, stop)
+    _arg(_lt, _le, x, out, r, inner, last, start, stop)
 
 
 # ---------------------------------------------------------------------------------------------
