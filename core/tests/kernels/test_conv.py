@@ -250,3 +250,23 @@ def test_conv_transpose_regressions():
     xg = rng.standard_normal((2, 6, 4, 5)).astype(np.float32)
     wg = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
     check("ConvTranspose", [xg, wg], {"group": 3, "strides": [2, 1], "output_padding": [1, 0]}, oracle=run_onnxruntime)
+
+
+def test_conv_kernel_is_thread_safe():
+    # one compiled model run from several threads at once: per-thread scratch buffers, the
+    # shared pool (busy -> a caller runs its chunks alone), cached weight packing
+    from concurrent.futures import ThreadPoolExecutor
+
+    import byoc
+
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((1, 32, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((48, 32, 3, 3)).astype(np.float32)
+    model, _ = single_node_model("Conv", [x, w], {"pads": [1, 1, 1, 1]}, const_inputs=(1,))
+    compiled = byoc.compile(model, targets=[])
+    inputs = [rng.standard_normal(x.shape).astype(np.float32) for _ in range(8)]
+    expected = [compiled.run({"in0": v})["out0"] for v in inputs]
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda v: compiled.run({"in0": v})["out0"], inputs * 3))
+    for i, g in enumerate(got):
+        np.testing.assert_array_equal(g, expected[i % len(inputs)])
