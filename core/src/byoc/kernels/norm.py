@@ -11,9 +11,20 @@ import math
 import numba
 import numpy as np
 
-from byoc.kernels import threads  # noqa: F401  (applies the thread policy)
-from byoc.kernels.gemm import compute_dtype
+from byoc.kernels import threads
+from byoc.kernels.gemm import compute_dtype, split
 from byoc.kernels.registry import NodeSpec, kernel
+
+
+# below this many elements a kernel runs on the calling thread alone
+_PARALLEL_MIN_ELEMENTS = 1 << 16
+
+
+def _over_pool(fn, n: int, size: int) -> None:
+    """``fn(lo, hi)`` over blocks of ``range(n)``, spread over the thread pool when large."""
+    nt = threads.num_threads() if size >= _PARALLEL_MIN_ELEMENTS else 1
+    blocks = split(n, 2 * nt) if nt > 1 else [(0, n)]
+    threads.parallel_for(lambda i: fn(*blocks[i]), len(blocks))
 
 
 def _check_float(spec: NodeSpec, x: np.ndarray, what: str = "X") -> np.dtype:
@@ -27,13 +38,13 @@ def _check_float(spec: NodeSpec, x: np.ndarray, what: str = "X") -> np.dtype:
 # BatchNormalization
 
 
-@numba.njit(cache=True, boundscheck=False)
-def _channel_affine(x, scale, shift, out):
-    """``out[n, c, s] = x[n, c, s] * scale[c, s|0] + shift[c, s|0]``."""
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _channel_affine(x, scale, shift, out, c0, c1):
+    """``out[n, c, s] = x[n, c, s] * scale[c, s|0] + shift[c, s|0]`` for channels ``[c0, c1)``."""
     nb, c_, s_ = x.shape
     full = scale.shape[1] > 1
     for n in range(nb):
-        for c in range(c_):
+        for c in range(c0, c1):
             xi = x[n, c]
             o = out[n, c]
             if full:
@@ -91,7 +102,7 @@ def make_batch_normalization(spec: NodeSpec):
         if a.shape[1] not in (1, xr.shape[2]):
             raise spec.error(f"per-element parameters of shape {list(scale.shape)} do not match X {list(x.shape)}")
         out = np.empty_like(xr)
-        _channel_affine(xr, a, b, out)
+        _over_pool(lambda lo, hi: _channel_affine(xr, a, b, out, lo, hi), c, xr.size)
         y = out.reshape(x.shape)
         if y.dtype != x.dtype:
             y = y.astype(x.dtype)
@@ -104,10 +115,10 @@ def make_batch_normalization(spec: NodeSpec):
 # LayerNormalization
 
 
-@numba.njit(cache=True, boundscheck=False)
-def _layer_norm(x, scale, bias, has_bias, eps, out, mean_out, inv_out):
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _layer_norm(x, scale, bias, has_bias, eps, out, mean_out, inv_out, r0, r1):
     rows, cols = x.shape
-    for r in range(rows):
+    for r in range(r0, r1):
         xi = x[r]
         acc = 0.0
         for i in range(cols):
@@ -160,7 +171,8 @@ def make_layer_normalization(spec: NodeSpec):
         # statistics are float32 (stash_type=1); float64 inputs keep float64 statistics internally
         mean = np.empty(rows, dtype=np.float64)
         inv = np.empty(rows, dtype=np.float64)
-        _layer_norm(xr, s, b, bias is not None, eps, out, mean, inv)
+        _over_pool(lambda lo, hi: _layer_norm(xr, s, b, bias is not None, eps, out, mean, inv, lo, hi), rows,
+                   xr.size)
         y = out.reshape(x.shape)
         if y.dtype != x.dtype:
             y = y.astype(x.dtype)
@@ -179,11 +191,11 @@ def make_layer_normalization(spec: NodeSpec):
 # InstanceNormalization
 
 
-@numba.njit(cache=True, boundscheck=False)
-def _instance_norm(x, scale, bias, eps, out):
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _instance_norm(x, scale, bias, eps, out, c0, c1):
     nb, c_, s_ = x.shape
     for n in range(nb):
-        for c in range(c_):
+        for c in range(c0, c1):
             xi = x[n, c]
             acc = 0.0
             for i in range(s_):
@@ -213,7 +225,8 @@ def make_instance_normalization(spec: NodeSpec):
             raise spec.error(f"scale and B must have shape [{c}], got {list(scale.shape)} and {list(bias.shape)}")
         xr = np.ascontiguousarray(x, dtype=dt).reshape(x.shape[0], c, -1)
         out = np.empty_like(xr)
-        _instance_norm(xr, np.asarray(scale, np.float64), np.asarray(bias, np.float64), eps, out)
+        sc, bi = np.asarray(scale, np.float64), np.asarray(bias, np.float64)
+        _over_pool(lambda lo, hi: _instance_norm(xr, sc, bi, eps, out, lo, hi), c, xr.size)
         y = out.reshape(x.shape)
         if y.dtype != x.dtype:
             y = y.astype(x.dtype)
@@ -226,7 +239,7 @@ def make_instance_normalization(spec: NodeSpec):
 # LRN
 
 
-@numba.njit(cache=True, boundscheck=False)
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _lrn(x, size, alpha, beta, bias, out):
     """Across-channel LRN with a running window of squared channel planes."""
     nb, c_, s_ = x.shape
