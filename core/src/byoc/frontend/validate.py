@@ -105,41 +105,64 @@ def _step(fd_name: str, msg, index: int | None = None) -> str:
     return step
 
 
+#: message descriptor -> (string fields, message fields), each as (name, repeated)
+_TEXT_PLANS: dict = {}
+
+
+def _text_plan(descriptor):
+    plan = _TEXT_PLANS.get(descriptor)
+    if plan is None:
+        strings = [(fd.name, _is_repeated(fd)) for fd in descriptor.fields if fd.type == fd.TYPE_STRING]
+        messages = [(fd.name, _is_repeated(fd)) for fd in descriptor.fields if fd.type == fd.TYPE_MESSAGE]
+        plan = _TEXT_PLANS[descriptor] = (strings, messages)
+    return plan
+
+
+class _BadText(Exception):
+    def __init__(self, trail: list, value):
+        self.trail = trail
+        self.value = value
+
+
 def check_text(msg, path: str = "model", origin: str = "<model>") -> None:
     """Raise :class:`ModelLoadError` naming the first string field that is not valid UTF-8.
 
     The upb protobuf runtime does not validate proto2 ``string`` fields: invalid UTF-8 comes
-    back as ``bytes``. Tensor payloads are never visited (``raw_data`` is bytes by design).
+    back as ``bytes``. Bytes fields (tensor payloads) are never read.
     """
+    trail: list = []
     try:
-        _check_text(msg, path, origin)
+        _check_text(msg, trail)
     except RecursionError:
         raise ModelLoadError(f"{origin}: the protobuf is nested too deeply to validate") from None
+    except _BadText as bad:
+        where = path + "".join("." + (_step(name, sub, index) if sub is not None else
+                                      (f"{name}[{index}]" if index is not None else name))
+                               for name, index, sub in bad.trail)
+        _check_str(bad.value, where, origin)
 
 
-def _check_text(msg, path: str, origin: str) -> None:
-    if isinstance(msg, TensorProto):
-        # never list the fields of a tensor: that would copy raw_data
-        for key in ("name", "doc_string"):
-            _check_str(getattr(msg, key), f"{path}.{key}", origin)
-        for i, entry in enumerate(msg.external_data):
-            _check_text(entry, f"{path}.external_data[{i}]", origin)
-        for i, entry in enumerate(msg.metadata_props):
-            _check_text(entry, f"{path}.metadata_props[{i}]", origin)
-        return
-    for fd, value in msg.ListFields():
-        if fd.type == fd.TYPE_STRING:
-            if _is_repeated(fd):
-                for i, v in enumerate(value):
-                    _check_str(v, f"{path}.{fd.name}[{i}]", origin)
-            else:
-                _check_str(value, f"{path}.{fd.name}", origin)
-        elif fd.type == fd.TYPE_MESSAGE:
-            if _is_repeated(fd):
-                for i, sub in enumerate(value):
-                    _check_text(sub, f"{path}.{_step(fd.name, sub, i)}", origin)
-            else:
-                _check_text(value, f"{path}.{_step(fd.name, value)}", origin)
+def _check_text(msg, trail: list) -> None:
+    strings, messages = _text_plan(msg.DESCRIPTOR)
+    for name, repeated in strings:
+        value = getattr(msg, name)
+        if repeated:
+            for i, v in enumerate(value):
+                if type(v) is not str:
+                    raise _BadText([*trail, (name, i, None)], v)
+        elif type(value) is not str:
+            raise _BadText([*trail, (name, None, None)], value)
+    for name, repeated in messages:
+        if repeated:
+            for i, sub in enumerate(getattr(msg, name)):
+                trail.append((name, i, sub))
+                _check_text(sub, trail)
+                trail.pop()
+        elif msg.HasField(name):
+            sub = getattr(msg, name)
+            trail.append((name, None, sub))
+            _check_text(sub, trail)
+            trail.pop()
 
 
 def _check_str(value, path: str, origin: str) -> None:
@@ -500,6 +523,8 @@ def check_tensor(t: TensorProto, what: str, walk: _Walk) -> None:
 
 def _sort_in_place(g: GraphProto, deps: list[set[int]], scope: str) -> None:
     """Reorder ``g.node`` topologically (``deps[i]``: nodes that must run before node i)."""
+    if all(d < i for i, ds in enumerate(deps) for d in ds):
+        return  # already in order (the common case)
     n = len(deps)
     users: list[list[int]] = [[] for _ in range(n)]
     indeg = [0] * n
