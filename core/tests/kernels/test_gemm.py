@@ -178,3 +178,19 @@ def test_own_gemm_resnet_shapes():
         c = np.zeros((m, n), np.float32)
         G.gemm_acc(G.pack_a(a), m, k, b, c)
         np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm_and_matmul_on_own_gemm(trans_b):
+    # enough rows for byoc's GEMM (it packs A per call); constant B laid out once
+    rng = np.random.default_rng(21)
+    a = rng.standard_normal((40, 70)).astype(np.float32)
+    b = rng.standard_normal((50, 70) if trans_b else (70, 50)).astype(np.float32)
+    c = rng.standard_normal(50).astype(np.float32)
+    for const in ((), (1, 2)):
+        check("Gemm", [a, b, c], {"transB": trans_b, "alpha": 0.5, "beta": 2.0}, const=const, atol=1e-4)
+        check("Gemm", [a, b], {"transB": trans_b}, const=const, atol=1e-4)
+    x = rng.standard_normal((3, 20, 70)).astype(np.float32)
+    w = rng.standard_normal((70, 50)).astype(np.float32)
+    check("MatMul", [x, w], const=(1,), atol=1e-4)
+    check("MatMul", [x, w], atol=1e-4)

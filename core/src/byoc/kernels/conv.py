@@ -32,6 +32,7 @@ import numpy as np
 
 from byoc.kernels import threads
 from byoc.kernels.gemm import (
+    PackCache,
     compute_dtype,
     gemm_acc,
     have_blas,
@@ -519,35 +520,6 @@ def _wino_output(mo, at, bias, m0, ma, mb, th, tw, out):
 def _float_input(spec: NodeSpec, x: np.ndarray, what: str) -> None:
     if x.dtype.kind != "f" and compute_dtype(x.dtype).kind != "f":
         raise spec.error(f"{what} must be a float tensor, got {x.dtype}")
-
-
-class PackCache:
-    """Weights laid out once per constant weight tensor (and compute dtype).
-
-    The execution plan hands a kernel the same read-only array for a constant input on every
-    run, but not the very object the factory saw in ``spec.const_inputs``: the first time an
-    array shows up it is compared with the constant, and from then on recognised by identity.
-    Only read-only arrays are remembered (a writeable one could be changed in place between
-    runs); anything else is packed per call.
-    """
-
-    def __init__(self, const: np.ndarray | None, make):
-        self.const = const
-        self.make = make
-        self._known: dict = {}  # (id, dtype) -> (array, packed); holds the array so ids stay unique
-
-    def get(self, w: np.ndarray, dt: np.dtype):
-        key = (id(w), dt)
-        hit = self._known.get(key)
-        if hit is not None and hit[0] is w:
-            return hit[1]
-        c = self.const
-        is_const = c is not None and (w is c or (
-            not w.flags.writeable and w.shape == c.shape and w.dtype == c.dtype and np.array_equal(w, c)))
-        packed = self.make(w, dt)
-        if is_const and len(self._known) < 8:
-            self._known[key] = (w, packed)
-        return packed
 
 
 class _ConvWeights:

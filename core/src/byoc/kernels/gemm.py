@@ -63,6 +63,8 @@ def have_blas(dtype) -> bool:
 _PARALLEL_MIN_MACS = 1 << 20
 # BYOC_OWN_GEMM=0 sends every float32 product to OpenBLAS
 _OWN_GEMM = os.environ.get("BYOC_OWN_GEMM", "1") != "0"
+# Gemm/MatMul pack their left operand per call: worth it from this many rows
+_OWN_GEMM_MIN_ROWS = 32
 
 
 def sgemm(m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int, c: int, ldc: int,
@@ -182,7 +184,58 @@ def as_compute(x: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
 
 
 # -------------------------------------------------------------------------------------------------
+# constant operands
+
+
+class PackCache:
+    """Weights laid out once per constant weight tensor (and compute dtype).
+
+    The execution plan hands a kernel the same read-only array for a constant input on every
+    run, but not the very object the factory saw in ``spec.const_inputs``: the first time an
+    array shows up it is compared with the constant, and from then on recognised by identity.
+    Only read-only arrays are remembered (a writeable one could be changed in place between
+    runs); anything else is packed per call.
+    """
+
+    def __init__(self, const: np.ndarray | None, make):
+        self.const = const
+        self.make = make
+        self._known: dict = {}  # (id, dtype) -> (array, packed); holds the array so ids stay unique
+
+    def get(self, w: np.ndarray, dt: np.dtype):
+        key = (id(w), dt)
+        hit = self._known.get(key)
+        if hit is not None and hit[0] is w:
+            return hit[1]
+        c = self.const
+        is_const = c is not None and (w is c or (
+            not w.flags.writeable and w.shape == c.shape and w.dtype == c.dtype and np.array_equal(w, c)))
+        packed = self.make(w, dt)
+        if is_const and len(self._known) < 8:
+            self._known[key] = (w, packed)
+        return packed
+
+
+# -------------------------------------------------------------------------------------------------
 # Gemm
+
+
+def _product_into(aa: np.ndarray, bb: np.ndarray, out: np.ndarray, alpha: float, beta: float) -> None:
+    """``out = alpha * aa @ bb + beta * out`` for 2-D float operands, byoc's GEMM where it pays
+    (float32, enough rows to tile, ``bb`` with unit column stride), OpenBLAS otherwise."""
+    m, k = aa.shape
+    n = bb.shape[1]
+    if (out.dtype == np.float32 and m >= _OWN_GEMM_MIN_ROWS and use_own_gemm(m, n, k) and bb.dtype == np.float32
+            and bb.strides[1] == 4 and out.flags.c_contiguous):
+        if beta == 0.0:
+            out[...] = 0
+        elif beta != 1.0:
+            out *= np.float32(beta)
+        if alpha != 1.0:
+            aa = aa * np.float32(alpha)
+        gemm_acc(pack_a(aa), m, k, bb, out)
+        return
+    matmul_into(aa, bb, out, alpha, beta)
 
 
 def _as_2d_bias(c: np.ndarray, m: int, n: int, spec: NodeSpec) -> np.ndarray:
@@ -202,19 +255,22 @@ def make_gemm(spec: NodeSpec):
     trans_a = bool(spec.attr("transA", 0))
     trans_b = bool(spec.attr("transB", 0))
 
-    # a constant B is converted once; its transpose stays a view (BLAS takes it as a flag)
+    # a constant B is laid out (K, N) row-major once: byoc's GEMM reads B in place with unit
+    # column stride (for a B that changes per run the transpose stays a view, a BLAS flag)
     b_const = spec.const_inputs.get(1)
-    b_ready = None
-    if b_const is not None and b_const.ndim == 2:
-        bc = as_compute(b_const)
-        b_ready = bc.T if trans_b else bc
+
+    def lay_out(b, dt):
+        bc = np.asarray(b, dtype=dt)
+        return np.ascontiguousarray(bc.T if trans_b else bc)
+
+    b_cache = PackCache(b_const if b_const is not None and b_const.ndim == 2 else None, lay_out)
 
     def run(a, b, c=None):
         if a.ndim != 2 or b.ndim != 2:
             raise spec.error(f"A and B must be 2-D, got shapes {list(a.shape)} and {list(b.shape)}")
         out_dtype = a.dtype
-        if b_ready is not None and b is b_const:
-            bb = b_ready
+        if b_cache.const is not None and b.shape == b_cache.const.shape:
+            bb = b_cache.get(b, compute_dtype(b.dtype))
         else:
             bb = as_compute(b)
             bb = bb.T if trans_b else bb
@@ -233,7 +289,7 @@ def make_gemm(spec: NodeSpec):
             y = np.empty((m, n), dtype=dt)
             if use_c:
                 y[...] = c2  # broadcast copy; BLAS adds the product onto it (beta)
-            matmul_into(aa, bb, y, alpha, beta if use_c else 0.0)
+            _product_into(aa, bb, y, alpha, beta if use_c else 0.0)
         else:  # integer Gemm: numpy's integer product, ONNX keeps the input type
             y = np.dot(aa, bb)
             if alpha != 1.0:
@@ -281,7 +337,8 @@ def _batched(aa: np.ndarray, bb: np.ndarray, spec: NodeSpec) -> np.ndarray:
 @kernel("MatMul")
 def make_matmul(spec: NodeSpec):
     b_const = spec.const_inputs.get(1)
-    b_ready = as_compute(b_const) if b_const is not None and b_const.ndim == 2 else None
+    b_cache = PackCache(b_const if b_const is not None and b_const.ndim == 2 else None,
+                        lambda b, dt: np.ascontiguousarray(b, dtype=dt))
 
     def run(a, b):
         out_dtype = a.dtype
@@ -291,8 +348,8 @@ def make_matmul(spec: NodeSpec):
         kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
         if ka != kb:
             raise spec.error(f"inner dimensions differ: A is {list(a.shape)}, B is {list(b.shape)}")
-        if b_ready is not None and b is b_const:
-            bb = b_ready
+        if b_cache.const is not None and b.shape == b_cache.const.shape and b.dtype.kind == "f":
+            bb = b_cache.get(b, compute_dtype(b.dtype))
         else:
             bb = as_compute(b) if b.dtype.kind == "f" else b
         aa = as_compute(a, bb.dtype) if a.dtype.kind == "f" else a
@@ -306,7 +363,7 @@ def make_matmul(spec: NodeSpec):
         elif bb.ndim == 2:
             # (..., M, K) @ (K, N): one GEMM over all leading rows instead of one per batch
             y = np.empty(aa.shape[:-1] + (bb.shape[1],), dtype=aa.dtype)
-            matmul_into(aa.reshape(-1, ka), bb, y.reshape(-1, bb.shape[1]))
+            _product_into(aa.reshape(-1, ka), bb, y.reshape(-1, bb.shape[1]), 1.0, 0.0)
         else:
             y = _batched(aa, bb, spec)
         if y.dtype != out_dtype:
