@@ -153,8 +153,9 @@ def test_sgemm_strided_accumulate():
 
 @SETTINGS
 @given(m=st.integers(1, 40), k=st.integers(1, 600), n=st.integers(1, 200), pad_b=st.integers(0, 40),
-       pad_c=st.integers(0, 40), parallel=st.booleans(), seed=st.integers(0, 2**16))
-def test_own_gemm_property(m, k, n, pad_b, pad_c, parallel, seed):
+       pad_c=st.integers(0, 40), parallel=st.booleans(), init=st.sampled_from([None, "zero", "bias"]),
+       seed=st.integers(0, 2**16))
+def test_own_gemm_property(m, k, n, pad_b, pad_c, parallel, init, seed):
     # C += A @ B with B and C as column windows of wider matrices (row strides != N), partial
     # row panels (M % 8), partial column panels (N % 32) and several depth blocks (K > 256)
     rng = np.random.default_rng(seed)
@@ -164,8 +165,11 @@ def test_own_gemm_property(m, k, n, pad_b, pad_c, parallel, seed):
     before = c_big.copy()
     b = b_big[:, pad_b:]
     c = c_big[:, :n]
-    G.gemm_acc(G.pack_a(a), m, k, b, c, parallel=parallel)
-    expected = before[:, :n] + a.astype(np.float64) @ b.astype(np.float64)
+    bias = rng.standard_normal(m).astype(np.float32) if init == "bias" else None
+    G.gemm_acc(G.pack_a(a), m, k, b, c, parallel=parallel, init=init is not None, bias=bias)
+    # with init the output is overwritten (product + bias), else the product is added
+    base = before[:, :n] if init is None else (np.zeros((m, n)) if bias is None else bias[:, None].astype(np.float64))
+    expected = base + a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(c, expected, rtol=1e-4, atol=1e-4 * np.sqrt(k))
     np.testing.assert_array_equal(c_big[:, n:], before[:, n:])  # nothing written outside the window
 

@@ -535,17 +535,20 @@ class _ConvWeights:
         self._wino2 = self._wino4 = None
         self._packs: dict = {}
 
-    def gemm(self, key, a: np.ndarray, b: np.ndarray, c: np.ndarray, parallel: bool = True) -> None:
-        """``c += a @ b`` where ``a`` is a (fixed, per ``key``) matrix derived from these weights:
-        byoc's micro-kernel GEMM on a panel-packed copy of ``a`` (made once) for float32, BLAS
-        otherwise."""
+    def gemm(self, key, a: np.ndarray, b: np.ndarray, c: np.ndarray, parallel: bool = True, init: bool = False,
+             bias: np.ndarray | None = None) -> None:
+        """``c += a @ b`` (with ``init``: ``c = a @ b + bias[:, None]``) where ``a`` is a (fixed,
+        per ``key``) matrix derived from these weights: byoc's micro-kernel GEMM on a
+        panel-packed copy of ``a`` (made once) for float32, BLAS otherwise."""
         m, k = a.shape
         if c.dtype == np.float32 and use_own_gemm(m, b.shape[1], k):
             ap = self._packs.get(key)
             if ap is None:
                 ap = self._packs[key] = pack_a(a)
-            gemm_acc(ap, m, k, b, c, parallel)
+            gemm_acc(ap, m, k, b, c, parallel, init, bias)
         else:
+            if init:
+                c[...] = 0 if bias is None else bias[:, None]
             matmul_into(a, b, c, 1.0, 1.0, parallel)
 
     def wino(self, m: int) -> np.ndarray:
@@ -691,13 +694,12 @@ def make_conv(spec: NodeSpec):
         elif how == "phase_shift":
             _phase_shift(x5, pw, g, bias, out)
         else:
-            # the products accumulate onto the bias (a GEMM clears its output first anyway)
-            outr = out.reshape(nb, m, -1)
-            outr[...] = bias[None, :, None] if has_bias else 0
+            # the GEMMs write their first depth block together with the bias: no separate pass
+            bias_or_none = bias if has_bias else None
             if how == "pointwise":
-                _pointwise(x5, pw, g, outr)
+                _pointwise(x5, pw, g, out.reshape(nb, m, -1), bias_or_none)
             else:
-                _im2col_conv(x5, pw, g, out)
+                _im2col_conv(x5, pw, g, out, bias_or_none)
         y = out.reshape(out.shape[:2] + tuple(g["out_sp"]))
         if y.dtype != x.dtype:
             y = y.astype(x.dtype)
@@ -706,7 +708,11 @@ def make_conv(spec: NodeSpec):
     return run
 
 
-def _pointwise(x5, pw: _ConvWeights, g, outr):
+def _bias_slice(bias, gi, mg):
+    return None if bias is None else bias[gi * mg:(gi + 1) * mg]
+
+
+def _pointwise(x5, pw: _ConvWeights, g, outr, bias):
     nb, c = x5.shape[:2]
     s = g["s"]
     od, oh, ow = pad3(g["out_sp"], 1)
@@ -718,10 +724,11 @@ def _pointwise(x5, pw: _ConvWeights, g, outr):
     xr = x5.reshape(nb, c, -1)
     for n in range(nb):
         for gi in range(pw.group):
-            pw.gemm(("mat", gi), pw.mat[gi], xr[n, gi * cg:(gi + 1) * cg], outr[n, gi * mg:(gi + 1) * mg])
+            pw.gemm(("mat", gi), pw.mat[gi], xr[n, gi * cg:(gi + 1) * cg], outr[n, gi * mg:(gi + 1) * mg],
+                    init=True, bias=_bias_slice(bias, gi, mg))
 
 
-def _im2col_conv(x5, pw: _ConvWeights, g, out):
+def _im2col_conv(x5, pw: _ConvWeights, g, out, bias):
     nb = x5.shape[0]
     dt = x5.dtype
     cg, mg = g["cg"], g["mg"]
@@ -737,7 +744,7 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out):
     nt = threads.num_threads()
     max_rows = max(1, _COL_BLOCK // max(1, krows * ow))
     if kd == 1 and od == 1 and (sh > 1 or sw > 1):
-        _im2col_strided(x5, pw, g, outr, max_rows)
+        _im2col_strided(x5, pw, g, outr, max_rows, bias)
         return
     if nt > 1 and s_out >= 512 * nt:
         # wide output: blocks of output rows, each built and multiplied by one thread
@@ -752,7 +759,8 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out):
                     col = threads.scratch("conv.col_block", (krows, (r1 - r0) * ow), dt)
                     _im2col(x5, n, gi * cg, cg, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw_, od, oh, ow, r0, r1,
                             col)
-                    pw.gemm(("mat", gi), pw.mat[gi], col, dst[:, r0 * ow:r1 * ow], parallel=False)
+                    pw.gemm(("mat", gi), pw.mat[gi], col, dst[:, r0 * ow:r1 * ow], parallel=False, init=True,
+                            bias=_bias_slice(bias, gi, mg))
 
                 threads.parallel_for(chunk, len(blocks))
         return
@@ -766,10 +774,11 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out):
                 r1 = min(rows, r0 + block)
                 col = col_buf[: krows * (r1 - r0) * ow].reshape(krows, (r1 - r0) * ow)
                 _im2col(x5, n, gi * cg, cg, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw_, od, oh, ow, r0, r1, col)
-                pw.gemm(("mat", gi), pw.mat[gi], col, outr[n, gi * mg:(gi + 1) * mg, r0 * ow:r1 * ow])
+                pw.gemm(("mat", gi), pw.mat[gi], col, outr[n, gi * mg:(gi + 1) * mg, r0 * ow:r1 * ow], init=True,
+                        bias=_bias_slice(bias, gi, mg))
 
 
-def _im2col_strided(x5, pw: _ConvWeights, g, outr, max_rows):
+def _im2col_strided(x5, pw: _ConvWeights, g, outr, max_rows, bias):
     """im2col for strided 1-D/2-D convolutions, built from stride-phase planes so that every
     copy is contiguous (a strided gather per element measured 2-3x slower)."""
     nb = x5.shape[0]
@@ -805,7 +814,8 @@ def _im2col_strided(x5, pw: _ConvWeights, g, outr, max_rows):
                 r0, r1 = blocks[i]
                 col = threads.scratch("conv.col_block", (krows, (r1 - r0) * ow), dt)
                 _im2col_phases(xp, cg, offsets, wq, ow, r0, r1, col)
-                pw.gemm(("mat", gi), pw.mat[gi], col, dst[:, r0 * ow:r1 * ow], parallel=False)
+                pw.gemm(("mat", gi), pw.mat[gi], col, dst[:, r0 * ow:r1 * ow], parallel=False, init=True,
+                        bias=_bias_slice(bias, gi, mg))
 
             threads.parallel_for(chunk, len(blocks))
 
@@ -842,8 +852,7 @@ def _winograd(x5, pw: _ConvWeights, g, bias, out):
         ug = u[gi]
 
         def gemm_chunk(e, ug=ug, gi=gi):
-            mo[e] = 0
-            pw.gemm(("wino", mt, gi, e), ug[e], v[e], mo[e], parallel=False)
+            pw.gemm(("wino", mt, gi, e), ug[e], v[e], mo[e], parallel=False, init=True)
 
         threads.parallel_for(gemm_chunk, a * a)
 
@@ -895,9 +904,8 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
                 def col_chunk(i, wg=wg, gi=gi, out_n=out_n):
                     lo, hi, r0, r1 = blocks[i]
                     dst = acc[:, lo:hi]
-                    dst[...] = 0
                     for t, off in enumerate(offsets):
-                        pw.gemm(("tap", gi, t), wg[t], xp[:, off + lo:off + hi], dst, parallel=False)
+                        pw.gemm(("tap", gi, t), wg[t], xp[:, off + lo:off + hi], dst, parallel=False, init=t == 0)
                     _crop_rows(acc, oh, wq, oh, ow, bias, gi * mg, r0, r1, out_n)
 
                 threads.parallel_for(col_chunk, len(blocks))
@@ -906,9 +914,9 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
                 def row_chunk(i, wg=wg, gi=gi, out_n=out_n):
                     ma, mb = mblocks[i]
                     dst = acc[ma:mb]
-                    dst[...] = 0
                     for t, off in enumerate(offsets):
-                        pw.gemm(("tap", gi, t, ma), wg[t][ma:mb], xp[:, off:off + ncols], dst, parallel=False)
+                        pw.gemm(("tap", gi, t, ma), wg[t][ma:mb], xp[:, off:off + ncols], dst, parallel=False,
+                                init=t == 0)
                     _crop_planes(acc, oh, wq, oh, ow, bias, gi * mg, ma, mb, out_n)
 
                 threads.parallel_for(row_chunk, len(mblocks))
@@ -952,9 +960,8 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
             def col_chunk(i, wg=wg, gi=gi):
                 lo, hi, r0, r1 = blocks[i]
                 dst = acc[:, lo:hi]
-                dst[...] = 0
                 for t, off in enumerate(offsets):
-                    pw.gemm(("tap", gi, t), wg[t], xp[:, off + lo:off + hi], dst, parallel=False)
+                    pw.gemm(("tap", gi, t), wg[t], xp[:, off + lo:off + hi], dst, parallel=False, init=t == 0)
                 _crop_rows(acc, hp, wp, oh, ow, bias, gi * mg, r0, r1, out)
 
             threads.parallel_for(col_chunk, len(blocks))
@@ -963,9 +970,9 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
             def row_chunk(i, wg=wg, gi=gi):
                 ma, mb = mblocks[i]
                 dst = acc[ma:mb]
-                dst[...] = 0
                 for t, off in enumerate(offsets):
-                    pw.gemm(("tap", gi, t, ma), wg[t][ma:mb], xp[:, off:off + ncols], dst, parallel=False)
+                    pw.gemm(("tap", gi, t, ma), wg[t][ma:mb], xp[:, off:off + ncols], dst, parallel=False,
+                            init=t == 0)
                 _crop_planes(acc, hp, wp, oh, ow, bias, gi * mg, ma, mb, out)
 
             threads.parallel_for(row_chunk, len(mblocks))

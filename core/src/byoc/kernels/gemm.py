@@ -227,13 +227,11 @@ def _product_into(aa: np.ndarray, bb: np.ndarray, out: np.ndarray, alpha: float,
     n = bb.shape[1]
     if (out.dtype == np.float32 and m >= _OWN_GEMM_MIN_ROWS and use_own_gemm(m, n, k) and bb.dtype == np.float32
             and bb.strides[1] == 4 and out.flags.c_contiguous):
-        if beta == 0.0:
-            out[...] = 0
-        elif beta != 1.0:
+        if beta != 0.0 and beta != 1.0:
             out *= np.float32(beta)
         if alpha != 1.0:
             aa = aa * np.float32(alpha)
-        gemm_acc(pack_a(aa), m, k, bb, out)
+        gemm_acc(pack_a(aa), m, k, bb, out, init=beta == 0.0)
         return
     matmul_into(aa, bb, out, alpha, beta)
 
@@ -390,15 +388,18 @@ _KC = 256
 
 
 @intrinsic
-def _ukernel(typingctx, kc, a, aoff, b, boff, ldb, c, coff, ldc):
-    """``c[coff + i*ldc + j] += sum_k a[aoff + k*MR + i] * b[boff + k*ldb + j]`` for i < MR, j < NR."""
-    sig = types.void(types.intp, a, types.intp, b, types.intp, types.intp, c, types.intp, types.intp)
+def _ukernel(typingctx, kc, a, aoff, b, boff, ldb, c, coff, ldc, bias, bi, init):
+    """``acc[i, j] = sum_k a[aoff + k*MR + i] * b[boff + k*ldb + j]`` for i < MR, j < NR, then
+    ``c[coff + i*ldc + j] = acc + bias[bi + i]`` when ``init`` else ``c[...] += acc``."""
+    sig = types.void(types.intp, a, types.intp, b, types.intp, types.intp, c, types.intp, types.intp, bias,
+                     types.intp, types.boolean)
 
     def codegen(context, builder, signature, args):
-        kc_v, a_v, aoff_v, b_v, boff_v, ldb_v, c_v, coff_v, ldc_v = args
+        kc_v, a_v, aoff_v, b_v, boff_v, ldb_v, c_v, coff_v, ldc_v, bias_v, bi_v, init_v = args
         pa = context.make_array(signature.args[1])(context, builder, a_v).data
         pb = context.make_array(signature.args[3])(context, builder, b_v).data
         pc = context.make_array(signature.args[6])(context, builder, c_v).data
+        pbias = builder.gep(context.make_array(signature.args[9])(context, builder, bias_v).data, [bi_v])
         vty = ir.VectorType(ir.FloatType(), _W)
         vptr = vty.as_pointer()
         i64 = ir.IntType(64)
@@ -447,11 +448,23 @@ def _ukernel(typingctx, kc, a, aoff, b, boff, ldb, c, coff, ldc):
                 p.add_incoming(zero, entry)
                 p.add_incoming(new[i][v], body_end)
                 fin.append(p)
-        for i in range(MR):
-            for v in range(_NV):
-                off = builder.add(builder.mul(ir.Constant(i64, i), ldc_v), ir.Constant(i64, v * _W))
-                ptr = builder.bitcast(builder.gep(pc, [off]), vptr)
-                builder.store(builder.fadd(builder.load(ptr, align=4), fin[i * _NV + v]), ptr, align=4)
+        init_b = builder.icmp_unsigned("!=", init_v, ir.Constant(init_v.type, 0))
+        with builder.if_else(init_b) as (then, otherwise):
+            with then:
+                for i in range(MR):
+                    bv = builder.load(builder.gep(pbias, [ir.Constant(i64, i)]), align=4)
+                    splat = builder.insert_element(ir.Constant(vty, ir.Undefined), bv, ir.Constant(ir.IntType(32), 0))
+                    splat = builder.shuffle_vector(splat, ir.Constant(vty, ir.Undefined), mask)
+                    for v in range(_NV):
+                        off = builder.add(builder.mul(ir.Constant(i64, i), ldc_v), ir.Constant(i64, v * _W))
+                        ptr = builder.bitcast(builder.gep(pc, [off]), vptr)
+                        builder.store(builder.fadd(splat, fin[i * _NV + v]), ptr, align=4)
+            with otherwise:
+                for i in range(MR):
+                    for v in range(_NV):
+                        off = builder.add(builder.mul(ir.Constant(i64, i), ldc_v), ir.Constant(i64, v * _W))
+                        ptr = builder.bitcast(builder.gep(pc, [off]), vptr)
+                        builder.store(builder.fadd(builder.load(ptr, align=4), fin[i * _NV + v]), ptr, align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -485,10 +498,11 @@ def pack_a(a: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _gemm_direct(ap, m, k, b, c, j_lo, j_hi, ip_lo, ip_hi):
-    """``c[rows, j_lo:j_hi] += A[rows] @ b[:, j_lo:j_hi]`` for the rows of A's panels
-    ``[ip_lo, ip_hi)``; B is read in place (unit column stride); a partial last column panel
-    is copied (zero-padded) once per depth block."""
+def _gemm_direct(ap, m, k, b, c, j_lo, j_hi, ip_lo, ip_hi, bias, init):
+    """``c[rows, j_lo:j_hi] (+)= A[rows] @ b[:, j_lo:j_hi]`` for the rows of A's panels
+    ``[ip_lo, ip_hi)``: with ``init`` the result (plus ``bias[row]``) replaces ``c``, else it is
+    added. B is read in place (unit column stride); a partial last column panel is copied
+    (zero-padded) once per depth block. ``bias`` holds at least ``mp*MR`` values."""
     mp = (m + MR - 1) // MR
     ldc = c.strides[0] // 4
     ldb = b.strides[0] // 4
@@ -499,6 +513,7 @@ def _gemm_direct(ap, m, k, b, c, j_lo, j_hi, ip_lo, ip_hi):
     for pcb in range((k + _KC - 1) // _KC):
         pc = pcb * _KC
         kc = min(_KC, k - pc)
+        first = init and pcb == 0
         for j0 in range(j_lo, j_hi, NR):
             jn = min(NR, j_hi - j0)
             if jn == NR:
@@ -506,13 +521,16 @@ def _gemm_direct(ap, m, k, b, c, j_lo, j_hi, ip_lo, ip_hi):
                     i0 = ip * MR
                     aoff = (pcb * mp + ip) * _KC * MR
                     if i0 + MR <= m:
-                        _ukernel(kc, ap, aoff, bflat, pc * ldb + j0, ldb, cflat, i0 * ldc + j0, ldc)
+                        _ukernel(kc, ap, aoff, bflat, pc * ldb + j0, ldb, cflat, i0 * ldc + j0, ldc, bias, i0, first)
                     else:
                         tile[:] = 0
-                        _ukernel(kc, ap, aoff, bflat, pc * ldb + j0, ldb, tile, 0, NR)
+                        _ukernel(kc, ap, aoff, bflat, pc * ldb + j0, ldb, tile, 0, NR, bias, i0, False)
                         for i in range(m - i0):
                             for j in range(NR):
-                                c[i0 + i, j0 + j] += tile[i * NR + j]
+                                if first:
+                                    c[i0 + i, j0 + j] = tile[i * NR + j] + bias[i0 + i]
+                                else:
+                                    c[i0 + i, j0 + j] += tile[i * NR + j]
             else:
                 for kk in range(kc):
                     for j in range(jn):
@@ -524,32 +542,44 @@ def _gemm_direct(ap, m, k, b, c, j_lo, j_hi, ip_lo, ip_hi):
                     im = min(MR, m - i0)
                     aoff = (pcb * mp + ip) * _KC * MR
                     tile[:] = 0
-                    _ukernel(kc, ap, aoff, bt, 0, NR, tile, 0, NR)
+                    _ukernel(kc, ap, aoff, bt, 0, NR, tile, 0, NR, bias, i0, False)
                     for i in range(im):
                         for j in range(jn):
-                            c[i0 + i, j0 + j] += tile[i * NR + j]
+                            if first:
+                                c[i0 + i, j0 + j] = tile[i * NR + j] + bias[i0 + i]
+                            else:
+                                c[i0 + i, j0 + j] += tile[i * NR + j]
 
 
-def gemm_acc(ap: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray, parallel: bool = True) -> None:
-    """``c += A @ b`` (float32) with ``A`` (M, K) packed by :func:`pack_a`.
+def gemm_acc(ap: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray, parallel: bool = True,
+             init: bool = False, bias: np.ndarray | None = None) -> None:
+    """``c += A @ b`` (float32) with ``A`` (M, K) packed by :func:`pack_a`; with ``init``,
+    ``c = A @ b + bias[:, None]`` instead (``c`` is not read; no bias: zero).
 
     ``b`` (K, N) and ``c`` (M, N) are 2-D float32 views with unit column stride (any row
     stride). Wide outputs are split into column blocks, narrow ones into row blocks, over the
     pool (``parallel=False``: one call on the calling thread, for use inside a chunk).
     """
     n = b.shape[1]
-    if m == 0 or n == 0 or k == 0:
+    if m == 0 or n == 0:
         return
     mp = -(-m // MR)
+    bb = np.zeros(mp * MR, np.float32)
+    if bias is not None:
+        bb[:m] = bias
+    if k == 0:
+        if init:
+            c[...] = bb[:m, None]
+        return
     nt = threads.num_threads() if parallel and m * n * k >= _PARALLEL_MIN_MACS else 1
     if nt == 1:
-        _gemm_direct(ap, m, k, b, c, 0, n, 0, mp)
+        _gemm_direct(ap, m, k, b, c, 0, n, 0, mp, bb, init)
     elif n >= 2 * NR * nt:
         blocks = split(n, 2 * nt, NR)
-        threads.parallel_for(lambda i: _gemm_direct(ap, m, k, b, c, *blocks[i], 0, mp), len(blocks))
+        threads.parallel_for(lambda i: _gemm_direct(ap, m, k, b, c, *blocks[i], 0, mp, bb, init), len(blocks))
     else:
         blocks = split(mp, 2 * nt)
-        threads.parallel_for(lambda i: _gemm_direct(ap, m, k, b, c, 0, n, *blocks[i]), len(blocks))
+        threads.parallel_for(lambda i: _gemm_direct(ap, m, k, b, c, 0, n, *blocks[i], bb, init), len(blocks))
 
 
 def use_own_gemm(m: int, n: int, k: int) -> bool:
