@@ -1,0 +1,93 @@
+"""SGEMM on flat float32 buffers with element offsets and leading dimensions.
+
+Generated code calls :func:`sgemm` with the arena, the region's inputs and the packed
+constants as flat arrays. It goes to the OpenBLAS that numpy ships (found by
+:mod:`byoc.kernels.threads`, which also applies byoc's thread policy: OpenBLAS owns the cores).
+Without OpenBLAS (numpy on MKL or Accelerate) it falls back to ``np.dot`` on strided views,
+slower but the same numbers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from byoc.kernels import threads
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+_cblas = threads.openblas_symbol("cblas_sgemm")
+if _cblas is not None:
+    _I = ctypes.c_int64 if threads.blas_int64() else ctypes.c_int
+    _cblas.restype = None
+    _cblas.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, _I, _I, _I, ctypes.c_float, ctypes.c_void_p, _I,
+                       ctypes.c_void_p, _I, ctypes.c_float, ctypes.c_void_p, _I]
+
+#: whether OpenBLAS's cblas_sgemm is reachable (else the numpy fallback runs)
+HAVE_CBLAS = _cblas is not None
+
+
+def _view(buf: np.ndarray, off: int, rows: int, cols: int, ld: int, trans: bool) -> np.ndarray:
+    """The (rows, cols) operand op(X) of a row-major matrix stored at ``buf[off:]`` with leading dim ``ld``."""
+    if trans:
+        stored = as_strided(buf[off:], shape=(cols, rows), strides=(ld * 4, 4))
+        return stored.T
+    return as_strided(buf[off:], shape=(rows, cols), strides=(ld * 4, 4))
+
+
+def sgemm(m: int, n: int, k: int, a: np.ndarray, ao: int, lda: int, b: np.ndarray, bo: int, ldb: int,
+          c: np.ndarray, co: int, ldc: int, beta: float = 0.0, alpha: float = 1.0,
+          trans_a: bool = False, trans_b: bool = False) -> None:
+    """Row-major ``C = alpha * op(A) @ op(B) + beta * C``; ``A``, ``B``, ``C`` are flat float32 arrays
+    with the matrices starting at element offsets ``ao``, ``bo``, ``co``."""
+    if _cblas is not None:
+        _cblas(_ROW_MAJOR, _TRANS if trans_a else _NO_TRANS, _TRANS if trans_b else _NO_TRANS, m, n, k, alpha,
+               a.ctypes.data + 4 * ao, lda, b.ctypes.data + 4 * bo, ldb, beta, c.ctypes.data + 4 * co, ldc)
+        return
+    prod = np.dot(_view(a, ao, m, k, lda, trans_a), _view(b, bo, k, n, ldb, trans_b))
+    out = as_strided(c[co:], shape=(m, n), strides=(ldc * 4, 4))
+    if alpha != 1.0:
+        prod *= np.float32(alpha)
+    if beta == 0.0:
+        out[...] = prod
+    else:
+        out *= np.float32(beta)
+        out += prod
+
+
+class Weight:
+    """A GEMM left operand (m, k), prepared once at load: packed for the plugin's micro-kernel
+    where it runs at full width, else kept as a block of its constant for OpenBLAS."""
+
+    __slots__ = ("a", "ao", "lda", "m", "k", "packed")
+
+    def __init__(self, a: np.ndarray, ao: int, m: int, k: int, lda: int, use_microkernel: bool):
+        self.a, self.ao, self.m, self.k, self.lda = a, ao, m, k, lda
+        self.packed = None
+        if use_microkernel:
+            from byoc_cpu import microkernel
+
+            self.packed = microkernel.pack(a, ao, m, k, lda)
+
+
+def wgemm(wt: Weight, b: np.ndarray, bo: int, ldb: int, c: np.ndarray, co: int, ldc: int, lo: int, hi: int,
+          accumulate: int) -> None:
+    """Columns ``[lo, hi)`` of ``C (+)= W @ B`` (``accumulate`` 0 overwrites); B and C are blocks of
+    flat buffers at element offsets ``bo``/``co`` with row strides ``ldb``/``ldc``."""
+    if wt.packed is not None:
+        _microkernel_gemm(wt.packed, wt.m, wt.k, b, bo, ldb, c, co, ldc, lo, hi, accumulate)
+    else:
+        sgemm(wt.m, hi - lo, wt.k, wt.a, wt.ao, wt.lda, b, bo + lo, ldb, c, co + lo, ldc, float(accumulate))
+
+
+def _microkernel_gemm(*args):
+    global _microkernel_gemm
+    from byoc_cpu.microkernel import gemm
+
+    _microkernel_gemm = gemm
+    gemm(*args)
+
+
+__all__ = ["HAVE_CBLAS", "Weight", "sgemm", "wgemm"]

@@ -1,0 +1,161 @@
+"""The ``cpu`` target: the byoc reference plugin.
+
+A vendor plugin is this one module, published under the entry-point group ``byoc``
+(``pyproject.toml``: ``[project.entry-points.byoc] cpu = "byoc_cpu.plugin"``). Each hook
+checks the target name first: byoc calls every plugin's hooks for every target, so a plugin
+answers only for its own (or for one it extends). The hooks, in the order byoc calls them:
+
+``byoc_register_targets``    the target: name, version, device, options, tolerance, priority
+``byoc_register_operators``  which operators it may take, each with a check giving the reason
+``byoc_register_patterns``   named composites, placed as a unit (the fusions it reports)
+``byoc_register_rules``      regions worth having (here: drop regions with nothing to compute)
+``byoc_codegen``             region -> Artifact (generated source + program + constants)
+``byoc_runtime``             Artifact -> callable (verify, import through the cache, run)
+``byoc_cost``                estimated seconds of a region (for choosing between targets)
+
+Importing this module is cheap (no Numba compilation): the code generator and the runtime
+are imported when byoc first calls their hooks.
+"""
+
+from __future__ import annotations
+
+import byoc
+from byoc.partition.types import Rule, Target
+
+from byoc_cpu import __version__
+from byoc_cpu.ops import ALIAS, ANCHOR, OPERATORS
+
+TARGET = "cpu"
+
+#: the target's options (``byoc.compile(..., target_options={"cpu": {...}})``)
+OPTIONS = {
+    # fuse elementwise chains into GEMM epilogues and into single loops (False: one loop per node)
+    "fuse": True,
+    # let producers write straight into a Concat's buffer when the pieces are contiguous
+    "concat_in_place": True,
+    # "auto" picks per Conv; "im2col" / "shift" / "direct" force one (for tests and comparisons)
+    "conv_strategy": "auto",
+    # where generated modules and Numba's machine code are cached (None: $BYOC_CPU_CACHE or ~/.cache/byoc/cpu)
+    "cache_dir": None,
+}
+
+#: sustained rates for the cost estimate: float32 GEMM FLOP/s and bytes/s moved by the loops
+_GEMM_FLOPS = 100e9
+_LOOP_BYTES = 10e9
+
+
+def _runtime_path() -> str:
+    try:
+        from byoc.kernels import threads
+
+        return "numba + openblas" if threads.openblas_symbol("cblas_sgemm") is not None else "numba + numpy"
+    except Exception:  # pragma: no cover
+        return "numba"
+
+
+@byoc.hookimpl
+def byoc_register_targets(register):
+    register(Target(
+        TARGET,
+        version=__version__,
+        description="CPU: regions fused into generated Numba kernels around OpenBLAS GEMMs",
+        device="cpu",
+        options=dict(OPTIONS),
+        # float32 throughout; GEMM blocking and fused epilogues reorder sums vs the host kernels
+        rtol=1e-4,
+        atol=1e-4,
+        # after accelerators (they take what they can first), before the host
+        priority=-10,
+        # the code is specialised to static shapes: byoc compiles per concrete input shape
+        shape_policy="static",
+        runtime_path=_runtime_path(),
+    ))
+
+
+@byoc.hookimpl
+def byoc_register_operators(target, register):
+    if target != TARGET:
+        return
+    from byoc_cpu.support import check
+
+    for op_type in OPERATORS:
+        register(op_type, check)
+
+
+@byoc.hookimpl
+def byoc_register_patterns(target, register):
+    if target != TARGET:
+        return
+    from byoc_cpu.patterns import patterns
+
+    for pattern in patterns():
+        register(pattern)
+
+
+def has_compute(region):
+    """Drop regions of views only (Reshape, Flatten, ...): there is no code to generate."""
+    if all(n.op_type in ALIAS for n in region.nodes):
+        return "only reshapes: nothing to compute"
+    return True
+
+
+@byoc.hookimpl
+def byoc_register_rules(target, register):
+    if target != TARGET:
+        return
+    register(Rule("has_compute", has_compute, "a region must compute something (not only reshape)"))
+
+
+@byoc.hookimpl
+def byoc_codegen(target, region, options):
+    if target != TARGET:
+        return None
+    from byoc_cpu.codegen import generate
+
+    return generate(region, options)
+
+
+@byoc.hookimpl
+def byoc_runtime(target, artifact, options):
+    if target != TARGET:
+        return None
+    from byoc_cpu.runtime import load
+
+    return load(artifact, options)
+
+
+@byoc.hookimpl
+def byoc_cost(target, region, options):
+    if target != TARGET:
+        return None
+    from byoc_cpu.ops import analyze, macs
+    from byoc_cpu.support import opset_of
+
+    seconds = 0.0
+    for node in region.nodes:
+        if node.op_type in ANCHOR:
+            try:
+                info = analyze(node, _shape, _const, opset_of(node))
+            except Exception:
+                continue
+            seconds += 2 * macs(node, info) / _GEMM_FLOPS
+        out = node.outputs[0]
+        shape = _shape(out)
+        if shape is not None and None not in shape:
+            n = 1
+            for d in shape:
+                n *= d
+            seconds += 8 * n / _LOOP_BYTES
+    return seconds
+
+
+def _shape(v):
+    if v is None or v.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else None for d in v.shape)
+
+
+def _const(v):
+    if v is None or v.const_value is None or v.is_graph_input():
+        return None
+    return v.const_value.numpy()

@@ -1,0 +1,198 @@
+"""Runtime: an artifact -> a callable, through a verified, cached, imported module.
+
+Loading an artifact never trusts it:
+
+1. the program is checked (:func:`byoc_cpu.verify.verify`: types, known instructions and
+   kernels, every memory access inside its buffer);
+2. the source is *regenerated* from the program and must equal, byte for byte, the source
+   the artifact carries, whose SHA-256 must equal ``metadata["source_sha256"]``; the
+   constants' SHA-256 is checked the same way;
+3. only then is the source written to ``<cache>/byoc_cpu_<sha256>.py`` (once: rewriting it
+   would change its mtime and invalidate Numba's cache) and imported. Its kernels carry
+   explicit signatures and ``cache=True``, so the import compiles them the first time and
+   loads the machine code from Numba's cache (``__pycache__`` beside the file, or
+   ``NUMBA_CACHE_DIR``) every later time: loading the same bundle again does not recompile.
+
+The cache folder is the target option ``cache_dir``, else ``$BYOC_CPU_CACHE``, else
+``~/.cache/byoc/cpu``; when it cannot be written, a private temporary folder is used (a warning
+says so, and nothing is cached across processes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from byoc.errors import InputError, PluginError
+from byoc.partition.types import Artifact
+
+from byoc_cpu import CODEGEN_VERSION
+from byoc_cpu.artifact import FORMAT, TARGET, sha256, unpack_constants
+from byoc_cpu.emit import emit
+from byoc_cpu.verify import ProgramError, verify
+
+_lock = threading.Lock()
+_modules: dict[str, Any] = {}  # source sha256 -> imported module (one import per process)
+_fallback_dir: Path | None = None
+
+
+def cache_dir(options: Mapping[str, Any] | None = None) -> Path:
+    """The folder generated modules and their Numba cache live in."""
+    opt = (options or {}).get("cache_dir")
+    if opt:
+        return Path(os.path.expanduser(str(opt)))
+    env = os.environ.get("BYOC_CPU_CACHE")
+    if env:
+        return Path(os.path.expanduser(env))
+    return Path.home() / ".cache" / "byoc" / "cpu"
+
+
+def _writable_dir(preferred: Path) -> Path:
+    global _fallback_dir
+    try:
+        preferred.mkdir(parents=True, exist_ok=True)
+        probe = preferred / f".probe-{os.getpid()}-{threading.get_ident()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        return preferred
+    except OSError as exc:
+        if _fallback_dir is None:
+            _fallback_dir = Path(tempfile.mkdtemp(prefix="byoc-cpu-"))
+            warnings.warn(f"byoc-cpu: cache folder {str(preferred)!r} is not writable ({exc}); compiling into "
+                          f"{str(_fallback_dir)!r}, which is not kept", stacklevel=3)
+        return _fallback_dir
+
+
+def _module_file(folder: Path, source: str, digest: str) -> Path:
+    path = folder / f"byoc_cpu_{digest}.py"
+    data = source.encode("utf-8")
+    try:
+        if path.read_bytes() == data:
+            return path
+    except OSError:
+        pass
+    tmp = folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return path
+
+
+def import_source(source: str, digest: str, folder: Path) -> Any:
+    """Import ``source`` (whose SHA-256 is ``digest``) from the cache folder, once per process."""
+    with _lock:
+        mod = _modules.get(digest)
+        if mod is not None:
+            return mod
+        path = _module_file(_writable_dir(folder), source, digest)
+        name = f"byoc_cpu_generated_{digest[:16]}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:  # pragma: no cover
+            raise PluginError(f"cpu: cannot import the generated module {str(path)!r}")
+        mod = importlib.util.module_from_spec(spec)
+        # the file may have been replaced since it was checked: execute the text we verified
+        code = compile(source, str(path), "exec")
+        sys.modules[name] = mod
+        try:
+            exec(code, mod.__dict__)  # noqa: S102 - the verified, regenerated source (see the module doc)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        _modules[digest] = mod
+        return mod
+
+
+class CpuRegion:
+    """The callable byoc runs for one region: checks the inputs, lends an arena, calls ``run``."""
+
+    def __init__(self, name: str, module: Any, consts: list[np.ndarray], program: dict[str, Any],
+                 load_seconds: float):
+        self.name = name
+        self.module = module
+        self._run = module.run
+        self.consts = tuple(consts)
+        self.weights = tuple(prepare_weights(program, consts))
+        self.specs = [(x["name"], tuple(int(d) for d in x["shape"])) for x in program["inputs"]]
+        self.arena_size = max(1, int(program["arena"]))
+        self.load_seconds = load_seconds
+        self._pool: list[np.ndarray] = []
+
+    def _input(self, i: int, x: Any) -> np.ndarray:
+        name, shape = self.specs[i]
+        a = np.asarray(x)
+        if a.dtype != np.float32:
+            raise InputError(f"cpu region {self.name!r}: input {name!r} is {a.dtype}, expected float32")
+        if a.shape != shape:
+            raise InputError(f"cpu region {self.name!r}: input {name!r} has shape {list(a.shape)}, "
+                             f"the region was compiled for {list(shape)}")
+        if not a.flags.c_contiguous or not a.flags.writeable:
+            a = np.array(a, dtype=np.float32, order="C")
+        return a.reshape(-1)
+
+    def __call__(self, *inputs: Any) -> list[np.ndarray]:
+        if len(inputs) != len(self.specs):
+            raise InputError(f"cpu region {self.name!r}: {len(inputs)} inputs, expected {len(self.specs)}")
+        flat = [self._input(i, x) for i, x in enumerate(inputs)]
+        try:
+            arena = self._pool.pop()
+        except IndexError:
+            arena = np.empty(self.arena_size, dtype=np.float32)
+        try:
+            return self._run(arena, self.consts, self.weights, *flat)
+        finally:
+            self._pool.append(arena)
+
+
+def prepare_weights(program: dict[str, Any], consts: list[np.ndarray]) -> list[Any]:
+    """The GEMM left operands, packed for the micro-kernel where this CPU runs it at full width."""
+    from byoc_cpu import microkernel
+    from byoc_cpu.blas import Weight
+
+    out = []
+    for wt in program["weights"]:
+        _, index, offset, _ = wt["ref"]
+        m, k = int(wt["m"]), int(wt["k"])
+        out.append(Weight(consts[int(index)], int(offset), m, k, int(wt["ld"]), microkernel.AVAILABLE))
+    return out
+
+
+def load(artifact: Artifact, options: Mapping[str, Any] | None = None) -> CpuRegion:
+    """Verify ``artifact`` and return its callable (see the module documentation)."""
+    t0 = time.perf_counter()
+    meta = artifact.metadata
+    name = str(meta.get("region", "?"))
+    if artifact.target != TARGET or artifact.format != FORMAT:
+        raise PluginError(f"cpu: artifact of region {name!r} is {artifact.target}/{artifact.format}, "
+                          f"expected {TARGET}/{FORMAT}")
+    if meta.get("codegen") != CODEGEN_VERSION:
+        raise PluginError(f"cpu: region {name!r} was generated by code generator version {meta.get('codegen')!r}; "
+                          f"this byoc-cpu writes version {CODEGEN_VERSION}: recompile the model")
+    program = meta.get("program")
+    try:
+        verify(program)
+    except ProgramError as exc:
+        raise PluginError(f"cpu: region {name!r}: the artifact's program is invalid: {exc}") from None
+    if [x["name"] for x in program["inputs"]] != list(artifact.input_names) or \
+            [x["name"] for x in program["outputs"]] != list(artifact.output_names):
+        raise PluginError(f"cpu: region {name!r}: the program's inputs/outputs differ from the artifact's")
+    source = emit(program)
+    digest = sha256(source.encode("utf-8"))
+    if meta.get("source") != source or meta.get("source_sha256") != digest:
+        raise PluginError(f"cpu: region {name!r}: the artifact's source is not the source byoc-cpu generates from "
+                          f"its program (edited or from another version); refusing to run it")
+    if meta.get("constants_sha256") != sha256(artifact.data):
+        raise PluginError(f"cpu: region {name!r}: the constants do not match their SHA-256")
+    consts = unpack_constants(artifact.data, program)
+    module = import_source(source, digest, cache_dir(options))
+    return CpuRegion(name, module, consts, program, time.perf_counter() - t0)
+
+
+__all__ = ["CpuRegion", "cache_dir", "import_source", "load"]
