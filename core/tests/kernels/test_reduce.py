@@ -132,6 +132,15 @@ def test_reduce_max_min_bool_and_nan(op):
     x = np.array([[1.0, np.nan, 3.0], [4.0, 5.0, 6.0]], np.float32)
     model, feeds = single_node_model(op, [x, np.array([1], np.int64)], {"keepdims": 0})
     assert_close(run_byoc(model, feeds), run_reference(model, feeds))
+    # long rows take the vectorised path; a NaN anywhere in a row still wins
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64, np.int32, np.int8):
+        x = (rng.standard_normal((4, 203)) * 50).astype(dtype)
+        if x.dtype.kind == "f":
+            x[1, 150] = np.nan
+            x[2, 7] = -np.inf
+        model, feeds = single_node_model(op, [x, np.array([-1], np.int64)])
+        assert_close(run_byoc(model, feeds), run_reference(model, feeds))
 
 
 def test_reduce_empty_reduction_gives_identity_values():

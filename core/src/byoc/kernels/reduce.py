@@ -112,6 +112,41 @@ def _reduce(step, fin, x, out, r, inner, init, rr, start, stop):
             orow[i] = fin(acc[i], rr)
 
 
+#: independent accumulators of a row max/min: they break the loop-carried dependency, so the
+#: compiler vectorises it without fast-math (sums vectorise under reassociation alone)
+_LANES = 16
+
+
+@_inline
+def _minmax(step, plain, x, out, r, inner, init, start, stop):
+    """max/min: ``step`` propagates NaN, ``plain`` is the NaN-free compare for the fast path."""
+    if inner != 1 or r < 2 * _LANES:
+        _reduce(step, _f_id, x, out, r, inner, init, 1.0, start, stop)
+        return
+    lanes = np.full(_LANES, init)
+    nb = r // _LANES
+    for o in range(start, stop):
+        row = x[o * r : (o + 1) * r]
+        nan = False
+        for j in range(r):  # branch-free, vectorised
+            nan |= row[j] != row[j]  # noqa: PLR0124
+        a = init
+        if nan:
+            for j in range(r):
+                a = step(a, row[j])
+        else:
+            lanes[:] = init
+            for b in range(nb):
+                blk = row[b * _LANES : (b + 1) * _LANES]
+                for i in range(_LANES):
+                    lanes[i] = plain(lanes[i], blk[i])
+            for i in range(_LANES):
+                a = plain(a, lanes[i])
+            for j in range(nb * _LANES, r):
+                a = plain(a, row[j])
+        out[o] = a
+
+
 @_inline
 def _s_sum(a, v):
     return a + v
@@ -140,6 +175,16 @@ def _s_max(a, v):
 @_inline
 def _s_min(a, v):
     return v if (v < a or v != v) else a  # noqa: PLR0124
+
+
+@_inline
+def _p_max(a, v):
+    return v if v > a else a
+
+
+@_inline
+def _p_min(a, v):
+    return v if v < a else a
 
 
 @_inline
@@ -210,12 +255,12 @@ def k_prod(x, out, r, inner, init, rr, start, stop):
 
 @_jit
 def k_max(x, out, r, inner, init, rr, start, stop):
-    _reduce(_s_max, _f_id, x, out, r, inner, init, rr, start, stop)
+    _minmax(_s_max, _p_max, x, out, r, inner, init, start, stop)
 
 
 @_jit
 def k_min(x, out, r, inner, init, rr, start, stop):
-    _reduce(_s_min, _f_id, x, out, r, inner, init, rr, start, stop)
+    _minmax(_s_min, _p_min, x, out, r, inner, init, start, stop)
 
 
 @_jit
