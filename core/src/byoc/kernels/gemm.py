@@ -385,6 +385,7 @@ def make_matmul(spec: NodeSpec):
 MR, _NV, _W = 8, 2, 16
 NR = _NV * _W
 _KC = 256
+_MCP = 32  # row panels per L2 block of A: 32 * 8 rows * 256 deep * 4 bytes = 256 KiB
 
 
 @intrinsic
@@ -514,41 +515,44 @@ def _gemm_direct(ap, m, k, b, c, j_lo, j_hi, ip_lo, ip_hi, bias, init):
         pc = pcb * _KC
         kc = min(_KC, k - pc)
         first = init and pcb == 0
-        for j0 in range(j_lo, j_hi, NR):
-            jn = min(NR, j_hi - j0)
-            if jn == NR:
-                for ip in range(ip_lo, ip_hi):
-                    i0 = ip * MR
-                    aoff = (pcb * mp + ip) * _KC * MR
-                    if i0 + MR <= m:
-                        _ukernel(kc, ap, aoff, bflat, pc * ldb + j0, ldb, cflat, i0 * ldc + j0, ldc, bias, i0, first)
-                    else:
+        # row blocks of A small enough to stay in L2 while every column panel passes by
+        for ib in range(ip_lo, ip_hi, _MCP):
+            ie = min(ip_hi, ib + _MCP)
+            for j0 in range(j_lo, j_hi, NR):
+                jn = min(NR, j_hi - j0)
+                if jn == NR:
+                    for ip in range(ib, ie):
+                        i0 = ip * MR
+                        aoff = (pcb * mp + ip) * _KC * MR
+                        if i0 + MR <= m:
+                            _ukernel(kc, ap, aoff, bflat, pc * ldb + j0, ldb, cflat, i0 * ldc + j0, ldc, bias, i0, first)
+                        else:
+                            tile[:] = 0
+                            _ukernel(kc, ap, aoff, bflat, pc * ldb + j0, ldb, tile, 0, NR, bias, i0, False)
+                            for i in range(m - i0):
+                                for j in range(NR):
+                                    if first:
+                                        c[i0 + i, j0 + j] = tile[i * NR + j] + bias[i0 + i]
+                                    else:
+                                        c[i0 + i, j0 + j] += tile[i * NR + j]
+                else:
+                    for kk in range(kc):
+                        for j in range(jn):
+                            bt[kk * NR + j] = b[pc + kk, j0 + j]
+                        for j in range(jn, NR):
+                            bt[kk * NR + j] = 0
+                    for ip in range(ib, ie):
+                        i0 = ip * MR
+                        im = min(MR, m - i0)
+                        aoff = (pcb * mp + ip) * _KC * MR
                         tile[:] = 0
-                        _ukernel(kc, ap, aoff, bflat, pc * ldb + j0, ldb, tile, 0, NR, bias, i0, False)
-                        for i in range(m - i0):
-                            for j in range(NR):
+                        _ukernel(kc, ap, aoff, bt, 0, NR, tile, 0, NR, bias, i0, False)
+                        for i in range(im):
+                            for j in range(jn):
                                 if first:
                                     c[i0 + i, j0 + j] = tile[i * NR + j] + bias[i0 + i]
                                 else:
                                     c[i0 + i, j0 + j] += tile[i * NR + j]
-            else:
-                for kk in range(kc):
-                    for j in range(jn):
-                        bt[kk * NR + j] = b[pc + kk, j0 + j]
-                    for j in range(jn, NR):
-                        bt[kk * NR + j] = 0
-                for ip in range(ip_lo, ip_hi):
-                    i0 = ip * MR
-                    im = min(MR, m - i0)
-                    aoff = (pcb * mp + ip) * _KC * MR
-                    tile[:] = 0
-                    _ukernel(kc, ap, aoff, bt, 0, NR, tile, 0, NR, bias, i0, False)
-                    for i in range(im):
-                        for j in range(jn):
-                            if first:
-                                c[i0 + i, j0 + j] = tile[i * NR + j] + bias[i0 + i]
-                            else:
-                                c[i0 + i, j0 + j] += tile[i * NR + j]
 
 
 def gemm_acc(ap: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray, parallel: bool = True,
