@@ -6,6 +6,10 @@ interleaved and the minimum over the repetitions is reported (the minimum is the
 disturbed by other work on a shared machine).
 
     python benchmarks/conv_micro.py [--threads N] [--reps R] [--layers all|3x3|1x1]
+    python benchmarks/conv_micro.py --model resnet50 [--threads N] [--reps R]
+
+``--model NAME`` times a whole model-zoo architecture instead (byoc.testing.zoo, seeded random
+weights) against onnxruntime with its default (all) graph optimisations, interleaved runs.
 
 ``--threads N`` sets byoc's pool (``BYOC_NUM_THREADS``) and onnxruntime's intra-op threads to N;
 ``--threads 1`` compares one core against one core, which stays meaningful on a busy machine.
@@ -76,11 +80,41 @@ def best_of(fn, reps):
     return best
 
 
+def time_model(name: str, so, reps: int) -> None:
+    import onnxruntime as ort
+
+    import byoc
+    from byoc.testing.zoo import load_zoo, zoo_inputs
+
+    model = load_zoo(name)
+    feeds = zoo_inputs(model)
+    compiled = byoc.compile(model, targets=[])
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    ours, ref = list(compiled.run(feeds).values()), sess.run(None, feeds)
+    for a, b in zip(ours, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+    tb, to = [], []
+    for i in range(reps + 3):
+        t = time.perf_counter()
+        compiled.run(feeds)
+        t1 = time.perf_counter()
+        sess.run(None, feeds)
+        t2 = time.perf_counter()
+        if i >= 3:  # warm-up
+            tb.append(t1 - t)
+            to.append(t2 - t1)
+    tb, to = np.array(tb) * 1e3, np.array(to) * 1e3
+    print(f"{name}: byoc min {tb.min():.1f} ms, median {np.median(tb):.1f} ms; onnxruntime min {to.min():.1f} ms, "
+          f"median {np.median(to):.1f} ms; ratio of minima {tb.min() / to.min():.2f}, "
+          f"of medians {np.median(tb) / np.median(to):.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=0, help="threads for OpenBLAS and onnxruntime (0: default)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--layers", choices=["all", "3x3", "1x1"], default="all")
+    ap.add_argument("--model", help="a model-zoo name (e.g. resnet50): time the whole model")
     args = ap.parse_args()
 
     if args.threads:
@@ -94,6 +128,9 @@ def main() -> None:
     so.log_severity_level = 3
     if args.threads:
         so.intra_op_num_threads = args.threads
+    if args.model:
+        time_model(args.model, so, max(args.reps, 10))
+        return
 
     total_b = total_o = 0.0
     print(f"{'input':>16} {'weight':>20} s  n   byoc ms    ort ms   ratio")
