@@ -58,11 +58,31 @@ def cmd_explain(args: argparse.Namespace) -> int:
     to_stdout = any(dest == "-" for _, dest in outputs)
     if not to_stdout:
         sys.stdout.write(render(data, "text"))
+        if getattr(args, "show_code", False):
+            sys.stdout.write(_region_code(compiled))
     for fmt, dest in outputs:
         _write(dest, render(data, fmt), fmt)
         if dest != "-":
             print(f"{fmt}: {dest}", file=sys.stderr)
     return 0
+
+
+def _region_code(compiled: Any) -> str:
+    """Each region's generated source, where its artifact carries one (``metadata["source"]``, or
+    the artifact's bytes when its format is ``"python"``)."""
+    parts = []
+    for cr in compiled.regions:
+        art = cr.artifact
+        source = art.metadata.get("source")
+        if not isinstance(source, str) and art.format == "python":
+            source = bytes(art.data).decode("utf-8", errors="replace")
+        if not isinstance(source, str):
+            parts.append(f"\n== region {cr.region.name} (target {cr.region.target}, format {art.format}): "
+                         f"no source in its artifact\n")
+            continue
+        parts.append(f"\n== region {cr.region.name} (target {cr.region.target}, format {art.format}) ==\n")
+        parts.append(source if source.endswith("\n") else source + "\n")
+    return "".join(parts) if parts else "\n(no regions: everything runs on the host)\n"
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
@@ -191,6 +211,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--dot", metavar="FILE|-", help="also write the graph as Graphviz DOT")
     p.add_argument("--html", metavar="FILE|-", help="also write one self-contained HTML page")
     p.add_argument("--strict", action="store_true", help="fail on a plugin fault instead of falling back")
+    p.add_argument("--show-code", action="store_true",
+                   help="also print each region's generated source (artifacts that carry one)")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("partition", help="write the partitioned model as ONNX (regions as byoc::Region nodes)")
