@@ -86,6 +86,50 @@ def _pool_taps(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, is_max, ini
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
+def _pool_separable(x, kh_, kw_, sh, sw, dh, dw, ph, pw, is_max, init, out, p0, p1):
+    """2-D windows as a row pass then a column pass (max or sum over a product of ranges):
+    ``kh + kw`` operations per output instead of ``kh * kw``. Planes ``[p0, p1)`` of N*C."""
+    _, c_, _, h_, w_ = x.shape
+    oh_, ow_ = out.shape[3], out.shape[4]
+    rows = np.empty((h_, ow_), dtype=out.dtype)
+    for p in range(p0, p1):
+        n = p // c_
+        c = p - n * c_
+        src = x[n, c, 0]
+        # rows[i, j] = reduce over kw of src[i, j*sw + kw*dw - pw]
+        for i in range(h_):
+            r = rows[i]
+            r[:] = init
+            s = src[i]
+            for kw in range(kw_):
+                off = kw * dw - pw
+                lo, hi = _tap_range(ow_, sw, off, w_)
+                if is_max:
+                    for j in range(lo, hi):
+                        v = s[j * sw + off]
+                        r[j] = v if v > r[j] else r[j]
+                else:
+                    for j in range(lo, hi):
+                        r[j] += s[j * sw + off]
+        dst = out[n, c, 0]
+        for i in range(oh_):
+            d = dst[i]
+            d[:] = init
+            for kh in range(kh_):
+                ih = i * sh + kh * dh - ph
+                if ih < 0 or ih >= h_:
+                    continue
+                r = rows[ih]
+                if is_max:
+                    for j in range(ow_):
+                        v = r[j]
+                        d[j] = v if v > d[j] else d[j]
+                else:
+                    for j in range(ow_):
+                        d[j] += r[j]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _divide(out, cd, ch, cw):
     nb, c_, od_, oh_, ow_ = out.shape
     for n in range(nb):
@@ -241,8 +285,14 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
             init = _lowest(dt) if is_max else dt.type(0)
             planes = split(x.shape[0] * x.shape[1], 2 * threads.num_threads())
 
-            def chunk(i):
-                _pool_taps(x5, *k3, *s3, *d3, pd, ph, pw, is_max, init, out, *planes[i])
+            if k3[0] == 1 and s3[0] == 1 and x5.shape[2] == 1:  # 1-D and 2-D: separable passes
+
+                def chunk(i):
+                    _pool_separable(x5, k3[1], k3[2], s3[1], s3[2], d3[1], d3[2], ph, pw, is_max, init, out, *planes[i])
+            else:
+
+                def chunk(i):
+                    _pool_taps(x5, *k3, *s3, *d3, pd, ph, pw, is_max, init, out, *planes[i])
 
             threads.parallel_for(chunk, len(planes))
             if not is_max:
