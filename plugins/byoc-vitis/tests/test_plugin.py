@@ -171,3 +171,26 @@ def test_squeezenet_small(registry):
         (name,) = got
         rel = np.linalg.norm(got[name] - want[name]) / np.linalg.norm(want[name])
         assert rel < 0.1, rel
+
+
+def test_threads_give_identical_bits(registry):
+    """One compiled model, four threads: the engine keeps no state between calls."""
+    import threading
+
+    cm = compile_vitis(_net(), registry, samples({"x": X[1]}))
+    feeds = samples({"x": X[1]}, n=4, seed=21)
+    expected = [cm.run(f)["y"] for f in feeds]
+    bad = []
+
+    def work(t):
+        for i in range(20):
+            k = (t + i) % 4
+            if not np.array_equal(cm.run(feeds[k])["y"], expected[k]):
+                bad.append((t, i))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad

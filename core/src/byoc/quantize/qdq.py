@@ -98,12 +98,13 @@ def _fuse_skip(name: str, producer: onnx.NodeProto, consumers: list, outputs: se
     return node.op_type in FUSE_ACTIVATIONS and idx == 0
 
 
-def _activation_params(table: CalibrationTable, name: str, scheme: QuantScheme) -> TensorQuant:
-    t = table.threshold(name, scheme.method, scheme.percentile)
+def _activation_params(table: CalibrationTable, name: str, scheme: QuantScheme, output: bool = False) -> TensorQuant:
+    method = scheme.output_method if output and scheme.output_method else scheme.method
+    t = table.threshold(name, method, scheme.percentile)
     if scheme.activations == "pow2":
         stats = table[name]
         fp = pow2_fix_pos(t, scheme.qmax)
-        if scheme.method != "minmax" and stats.count:
+        if method != "minmax" and stats.count:
             fp = _best_pow2(stats, fp, scheme.qmax)
         return TensorQuant(scale=2.0 ** -fp, fix_pos=fp, threshold=t)
     return TensorQuant(scale=float_scale(t, scheme.qmax), threshold=t)
@@ -262,7 +263,7 @@ def quantize_model(model: ir.Model | onnx.ModelProto, table: CalibrationTable,
         if name not in table:
             raise QuantizationError(f"tensor {name!r} ({where}) has no calibration statistics; it was not computed "
                                     f"when calibrating the float model")
-        return _activation_params(table, name, scheme)
+        return _activation_params(table, name, scheme, output=name in graph_outputs)
 
     # -- activations, in graph order ----------------------------------------------------------
     act_inputs = [v.name for v in g.input if v.name not in inits and is_float(v.name, "graph input")]

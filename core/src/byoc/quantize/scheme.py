@@ -16,6 +16,10 @@ A target declares ``Target(needs_calibration=True, quantization={...})``; the di
     how a calibrated activation's threshold is chosen from its statistics: ``"minmax"`` (the
     largest magnitude seen), ``"percentile"`` (``percentile`` of the magnitudes) or
     ``"entropy"`` (the KL-divergence minimiser over the magnitude histogram, TensorRT style).
+``output_method``
+    the method for the graph's (region's) outputs, the values that leave the integer domain
+    for float consumers (a Softmax, an argmax, the user): ``"minmax"`` by default, so the
+    largest calibrated values (the winning logits) are not clipped; ``None``: ``method``.
 ``bits``
     8 (int8); ``qmax = 2**(bits-1) - 1``, values saturate to ``[-qmax-1, qmax]``.
 ``fuse_activations``
@@ -48,6 +52,7 @@ class QuantScheme:
     weight_scale: str | None = None
     method: str = "percentile"
     percentile: float = 99.99
+    output_method: str | None = "minmax"
     bits: int = 8
     fuse_activations: bool = True
 
@@ -60,6 +65,9 @@ class QuantScheme:
             raise OptionError(f"quantization: weight_scale must be one of {SCALE_KINDS}, got {self.weight_scale!r}")
         if self.method not in METHODS:
             raise OptionError(f"quantization: method must be one of {METHODS}, got {self.method!r}")
+        if self.output_method is not None and self.output_method not in METHODS:
+            raise OptionError(f"quantization: output_method must be one of {METHODS} or None, "
+                              f"got {self.output_method!r}")
         if not (isinstance(self.percentile, (int, float)) and 50.0 < float(self.percentile) <= 100.0):
             raise OptionError(f"quantization: percentile must be in (50, 100], got {self.percentile!r}")
         if self.bits != 8:
