@@ -3,26 +3,36 @@
 Every input is viewed in a canonical 5-D layout ``(N, C, D, H, W)`` (1-D and 2-D convolutions
 get unit leading spatial axes), so one Numba specialisation per dtype serves all ranks.
 
-Conv picks one of four strategies per node and input shape; all but the last are GEMMs on
-numpy's BLAS (see :mod:`byoc.kernels.threads` for who owns the cores):
+Conv picks a strategy per node and input shape. All but ``direct`` are GEMMs: byoc's own
+float32 GEMM (:func:`byoc.kernels.gemm.gemm_acc`, weights packed once per constant weight
+tensor) or OpenBLAS for other dtypes; the first depth block of each GEMM writes the bias, so
+no separate pass initialises the output. Work is split over byoc's thread pool
+(:mod:`byoc.kernels.threads`).
 
 ``pointwise``
     1x1 kernels without padding: the input *is* the GEMM operand (``W[M,C] @ X[C,HW]``), after
     a strided subsample when strides > 1. No im2col at all.
 ``shift``
-    stride-1 1-D/2-D convolutions with enough channels per group (float32, OpenBLAS reachable):
-    the input is zero-padded once, and each kernel tap is one SGEMM accumulating into the output,
-    reading the padded input at the tap's offset (``beta=1``). Outputs are computed on the
-    padded width and the few extra columns dropped, so no im2col matrix (kernel-size times the
-    input) is ever written. Measured on ResNet-50's 3x3 layers: 2x faster than im2col + GEMM.
+    stride-1 1-D/2-D convolutions with >= 16 channels per group: the input is zero-padded
+    once, and each kernel tap is one GEMM accumulating into the output, reading the padded
+    input at the tap's offset. Outputs are computed on the padded width and the few extra
+    columns dropped, so no im2col matrix (kernel-size times the input) is ever written.
+    Measured on ResNet-50's 3x3 layers: 2x faster than im2col + GEMM.
+``phase_shift``
+    the same for strided convolutions: the padded input is split into one plane per stride
+    phase, and each tap reads one phase plane at an offset.
 ``im2col``
-    everything else with channels worth a GEMM: the patch matrix (built in row blocks to bound
-    memory) times the weight matrix.
+    everything else with channels worth a GEMM (ResNet's 7x7 stem, 3-D): the patch matrix,
+    built in row blocks to bound memory (from stride-phase planes when strided, so every copy
+    is contiguous) times the weight matrix.
+``winograd``
+    F(2x2, 3x3) / F(4x4, 3x3) for 3x3 stride-1 layers, only where the GEMM is OpenBLAS's
+    (float64, ``BYOC_OWN_GEMM=0``): with byoc's GEMM ``shift`` measured as fast.
 ``direct``
     grouped convolutions with few channels per group (depthwise): a Numba loop nest, one
     vectorisable row update per kernel tap.
 
-Constant weights are laid out for their strategy once, in the factory.
+ConvTranspose is one GEMM per image and group (``W^T @ X``) followed by a col2im scatter.
 """
 
 from __future__ import annotations
