@@ -13,9 +13,17 @@ This module also holds the machinery the activation and reduce families share:
   call); the innermost loop has fast paths for contiguous/contiguous, contiguous/scalar and
   scalar/contiguous operands, which the compiler vectorises.
 * **Parallelism** (:func:`run_ranges`): kernels are compiled with ``nogil=True``; a large range is
-  cut into chunks that run on a small thread pool, a small one runs on the calling thread. This
-  uses no Numba threading layer (no ``parallel=True``), so it cannot trip over the workqueue
-  layer's lack of thread safety, and the policy is two numbers: :func:`set_parallelism`.
+  cut into chunks for the kernel package's shared thread pool
+  (:func:`byoc.kernels.threads.parallel_for`), a small one (under :data:`PARALLEL_MIN_ELEMENTS`
+  of work) runs on the calling thread. No Numba threading layer is used (no ``parallel=True``):
+  no spinning OpenMP workers next to BLAS, no workqueue-layer crashes under concurrent calls,
+  and the policy is three numbers: :func:`set_parallelism`.
+* **Fast float32 math**: :func:`fexp`, :func:`ftanh`, :func:`ferf` are vectorisable float32
+  versions (a few ulp) for the kernels of this and the activation/reduce modules.
+
+Numba's on-disk cache is invalidated per source file: the activation and reduce kernels inline
+functions from this module, so after editing one here, clear ``__pycache__/*.nbi`` (a release
+install writes every file anew, so users are not affected).
 
 float16 inputs are computed in float32 and the result cast back; integer arithmetic is exact
 (with the usual two's-complement wrap-around), integer ``Div`` truncates toward zero as in C.
