@@ -205,7 +205,7 @@ def check_structure(proto: ModelProto, *, budget: Budget) -> None:
         raise ModelLoadError("the protobuf holds no graph; not an ONNX model")
     walk = _Walk(budget)
     try:
-        _check_graph(proto.graph, outer=frozenset(), depth=0, scope="", walk=walk)
+        _check_graph(proto.graph, outer=(), depth=0, scope="", walk=walk)
     except RecursionError:
         raise ResourceLimitError(
             f"subgraphs are nested too deeply to validate (max_nesting={budget.max_nesting})"
@@ -255,8 +255,11 @@ def external_tensors(proto: ModelProto) -> list[ExternalTensor]:
     return found
 
 
-def _check_graph(g: GraphProto, outer: frozenset[str] | set[str], depth: int, scope: str, walk: _Walk) -> set[str]:
-    """Validate and sort ``g``; returns the names it reads from enclosing graphs."""
+def _check_graph(g: GraphProto, outer: tuple[set[str], ...], depth: int, scope: str, walk: _Walk) -> set[str]:
+    """Validate and sort ``g``; returns the names it reads from enclosing graphs.
+
+    ``outer`` holds the value names of every enclosing graph (innermost last).
+    """
     budget = walk.budget
     where = scope or " in the main graph"
     if depth > budget.max_nesting:
@@ -320,7 +323,11 @@ def _check_graph(g: GraphProto, outer: frozenset[str] | set[str], depth: int, sc
             producers[out] = idx
 
     local = inputs | inits | set(producers)
-    visible = set(outer) | local
+
+    def visible(name: str) -> bool:
+        return name in local or any(name in names for names in outer)
+
+    inner = (*outer, local)
     free: set[str] = set()
     deps: list[set[int]] = []
     dangling: list[str] = []
@@ -330,7 +337,7 @@ def _check_graph(g: GraphProto, outer: frozenset[str] | set[str], depth: int, sc
         for name in node.input:
             if not name:
                 continue  # a missing optional input
-            if name not in visible:
+            if not visible(name):
                 dangling.append(f"{label} reads {name!r}")
             elif name in producers:
                 mine.add(producers[name])
@@ -350,7 +357,7 @@ def _check_graph(g: GraphProto, outer: frozenset[str] | set[str], depth: int, sc
                 subgraphs.insert(0, attr.g)
             for sub in subgraphs:
                 sub_scope = f" in subgraph {attr.name!r} of {label}{scope}"
-                used = _check_graph(sub, visible, depth + 1, sub_scope, walk)
+                used = _check_graph(sub, inner, depth + 1, sub_scope, walk)
                 for name in used:
                     if name in producers:
                         mine.add(producers[name])  # implicit input: must run after its producer
@@ -370,7 +377,7 @@ def _check_graph(g: GraphProto, outer: frozenset[str] | set[str], depth: int, sc
         seen_out.add(vi.name)
         if not vi.name:
             raise ModelValidationError(f"a graph output{where} has no name")
-        if vi.name not in visible:
+        if not visible(vi.name):
             raise ModelValidationError(
                 f"graph output {vi.name!r}{scope} is not produced by any node and is neither a graph input "
                 f"nor an initializer"
