@@ -251,6 +251,8 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         if has_symbolic_inputs(proto):
             # compile once without the static-shape targets; specialise per shape on first use
             dynamic = [t.name for t in selected if t.shape_policy == "dynamic"]
+            if calibration is not None and any(t.needs_calibration for t in selected):
+                calibration = list(calibration)  # each shape specialisation calibrates again
             kwargs = dict(passes=passes, budget=budget, strict=strict, registry=registry, hook_timeout=hook_timeout,
                           calibration=calibration)
             base = compile(proto, dynamic, target_options={k: v for k, v in (target_options or {}).items()

@@ -71,6 +71,9 @@ def test_report_names_dpu_nodes_and_fallback_reasons(registry):
     assert not cm.faults
     # the grouped conv splits the graph: two DPU regions, each with its own program
     assert len(cm.regions) == 3 and {cr.artifact.format for cr in cm.regions} == {"vitis-dpu-program"}
+    text = cm.report()
+    assert "grouped convolution (group 2" in text and "not the DPU's fixed slope" in text
+    assert "vitis_0" in text and "vitis-dpu-program" in text
 
 
 def test_grouped_conv_option(registry):
