@@ -198,3 +198,24 @@ def test_gemm_and_matmul_on_own_gemm(trans_b):
     w = rng.standard_normal((70, 50)).astype(np.float32)
     check("MatMul", [x, w], const=(1,), atol=1e-4)
     check("MatMul", [x, w], atol=1e-4)
+
+
+@SETTINGS
+@given(m=st.integers(1, 30), k=st.integers(1, 300), n=st.integers(1, 100), init=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_implicit_gemm_property(m, k, n, init, seed):
+    # row k of B is b[rowoff[k] : rowoff[k] + n] for arbitrary (overlapping, unordered) offsets
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal(k * 7 + n + 64).astype(np.float32)
+    rowoff = rng.integers(0, k * 7 + 64, size=k).astype(np.int64)
+    lo = int(rng.integers(0, max(1, n // 2)))
+    c = rng.standard_normal((m, n)).astype(np.float32)
+    before = c.copy()
+    bias = rng.standard_normal(m).astype(np.float32)
+    G.gemm_rows(G.pack_a(a), m, b, rowoff, c, lo, n, init=init, bias=bias)
+    full_b = np.stack([b[o:o + n] for o in rowoff]).astype(np.float64)
+    base = bias[:, None].astype(np.float64) if init else before.astype(np.float64)
+    expected = base + a.astype(np.float64) @ full_b
+    np.testing.assert_allclose(c[:, lo:], expected[:, lo:], rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    np.testing.assert_array_equal(c[:, :lo], before[:, :lo])

@@ -42,9 +42,11 @@ import numpy as np
 
 from byoc.kernels import threads
 from byoc.kernels.gemm import (
+    MR,
     PackCache,
     compute_dtype,
     gemm_acc,
+    gemm_rows,
     have_blas,
     matmul_into,
     pack_a,
@@ -55,6 +57,7 @@ from byoc.kernels.registry import NodeSpec, kernel
 
 # im2col buffers are built in blocks of output rows of at most this many elements
 _COL_BLOCK = 1 << 22  # 16 MiB of float32
+_COL_BLOCK_L2 = 1 << 17  # 512 KiB: strided patch blocks built and consumed within L2
 # use the shift strategy when channels per group reach this and the padded-width waste stays below
 _SHIFT_MIN_CHANNELS = 16
 _SHIFT_MAX_WASTE = 1.5
@@ -545,6 +548,13 @@ class _ConvWeights:
         self._wino2 = self._wino4 = None
         self._packs: dict = {}
 
+    def packed(self, key, a: np.ndarray) -> np.ndarray:
+        """``a`` in byoc's GEMM panel layout, made once per ``key``."""
+        ap = self._packs.get(key)
+        if ap is None:
+            ap = self._packs[key] = pack_a(a)
+        return ap
+
     def gemm(self, key, a: np.ndarray, b: np.ndarray, c: np.ndarray, parallel: bool = True, init: bool = False,
              bias: np.ndarray | None = None) -> None:
         """``c += a @ b`` (with ``init``: ``c = a @ b + bias[:, None]``) where ``a`` is a (fixed,
@@ -636,7 +646,12 @@ def make_conv(spec: NodeSpec):
             g["wm"] = 4 if min(out_sp) >= _WINO_MIN_SIDE[4] else 2
         else:
             g["how"] = "im2col"
-            if nd <= 2 and all(s == 1 for s in strides) and cg >= _SHIFT_MIN_CHANNELS and kvol > 1:
+            # byoc's GEMM reads the kernel taps straight out of the padded input (an implicit
+            # GEMM over K = channels x taps): no channel minimum. OpenBLAS needs one GEMM per tap.
+            implicit = compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg * kvol)
+            g["implicit"] = implicit
+            min_c = 1 if implicit else _SHIFT_MIN_CHANNELS
+            if nd <= 2 and all(s == 1 for s in strides) and cg >= min_c and kvol > 1:
                 hp = g["in"][1] + g["pb"][1] + g["pe"][1]
                 wp = g["in"][2] + g["pb"][2] + g["pe"][2]
                 oh, ow = pad3(out_sp, 1)[1:]
@@ -645,7 +660,7 @@ def make_conv(spec: NodeSpec):
                 if ncols <= _SHIFT_MAX_WASTE * nb * oh * ow:
                     g["how"] = "shift"
                     g["hp"], g["wp"], g["ncols"] = hp, wp, ncols
-            elif nd <= 2 and cg >= _SHIFT_MIN_CHANNELS and kvol > 1:
+            elif nd <= 2 and cg >= min_c and kvol > 1:
                 # strided: one plane per stride phase, each tap reads one phase plane
                 _, kh, kw = g["k"]
                 _, sh, sw = g["s"]
@@ -808,7 +823,9 @@ def _im2col_strided(x5, pw: _ConvWeights, g, outr, max_rows, bias):
     xp = threads.scratch("conv.pad", (cg, sh * sw * plane), dt)
     nt = threads.num_threads()
     cblocks = split(cg, nt)
-    blocks = split(oh, max(2 * nt, -(-oh // max_rows)))
+    # blocks small enough that the patch rows stay in L2 between their copy and the GEMM
+    rows_l2 = max(1, min(max_rows, _COL_BLOCK_L2 // max(1, krows * ow)))
+    blocks = split(oh, max(2 * nt, -(-oh // rows_l2)))
     for n in range(nb):
         for gi in range(pw.group):
             c0 = gi * cg
@@ -890,7 +907,7 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
     ld = sh * sw * plane + wq  # slack: reads past a plane only feed dropped columns
     xp = threads.scratch("conv.pad", (cg, ld), np.float32)
     acc = threads.scratch("conv.acc", (mg, ncols), np.float32)
-    taps = pw.taps
+    taps = None if g.get("implicit", False) else pw.taps
     nt = threads.num_threads()
     cblocks = split(cg, nt)
     if ncols >= 256 * nt:
@@ -898,6 +915,12 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
     else:
         blocks = None
         mblocks = split(mg, nt, 8)
+    implicit = g.get("implicit", False)
+    if implicit:
+        rowoff = (np.arange(cg, dtype=np.int64)[:, None] * ld + np.asarray(offsets, np.int64)[None, :]).ravel()
+        xflat = xp.reshape(-1)
+        mp = -(-mg // MR)
+        pblocks = split(mp, nt)
     for n in range(nb):
         out_n = out[n:n + 1]
         for gi in range(pw.group):
@@ -908,6 +931,25 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
                 _phase_planes(x5, n, c0, ca, cb, sh, sw, pt, pl, hq, wq, xp)
 
             threads.parallel_for(pad_chunk, len(cblocks))
+            if implicit:
+                ap = pw.packed(("mat", gi), pw.mat[gi])
+                if blocks is not None:
+
+                    def imp_cols(i, ap=ap, gi=gi, out_n=out_n):
+                        lo, hi, r0, r1 = blocks[i]
+                        gemm_rows(ap, mg, xflat, rowoff, acc, lo, hi, init=True)
+                        _crop_rows(acc, oh, wq, oh, ow, bias, gi * mg, r0, r1, out_n)
+
+                    threads.parallel_for(imp_cols, len(blocks))
+                else:
+
+                    def imp_rows(i, ap=ap, gi=gi, out_n=out_n):
+                        p0, p1 = pblocks[i]
+                        gemm_rows(ap, mg, xflat, rowoff, acc, 0, ncols, p0, p1, init=True)
+                        _crop_planes(acc, oh, wq, oh, ow, bias, gi * mg, p0 * MR, min(mg, p1 * MR), out_n)
+
+                    threads.parallel_for(imp_rows, len(pblocks))
+                continue
             wg = taps[gi]
             if blocks is not None:
 
@@ -945,7 +987,7 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
     ldb = nb * hp * wp + (kw - 1) * dw
     xp = threads.scratch("conv.pad", (cg, ldb), np.float32)
     acc = threads.scratch("conv.acc", (mg, ncols), np.float32)
-    taps = pw.taps
+    taps = None if g.get("implicit", False) else pw.taps
     nt = threads.num_threads()
     cblocks = split(cg, nt)
     offsets = [i * dh * wp + j * dw for i in range(kh) for j in range(kw)]
@@ -956,6 +998,12 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
     else:
         blocks = None
         mblocks = split(mg, nt, 8)
+    implicit = g.get("implicit", False)
+    if implicit:
+        rowoff = (np.arange(cg, dtype=np.int64)[:, None] * ldb + np.asarray(offsets, np.int64)[None, :]).ravel()
+        xflat = xp.reshape(-1)
+        mp = -(-mg // MR)
+        pblocks = split(mp, nt)
     for gi in range(pw.group):
         c0 = gi * cg
 
@@ -964,6 +1012,25 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
             _pad_planes(x5, c0, ca, cb, pt, pl, hp, wp, xp)
 
         threads.parallel_for(pad_chunk, len(cblocks))
+        if implicit:
+            ap = pw.packed(("mat", gi), pw.mat[gi])
+            if blocks is not None:
+
+                def imp_cols(i, ap=ap, gi=gi):
+                    lo, hi, r0, r1 = blocks[i]
+                    gemm_rows(ap, mg, xflat, rowoff, acc, lo, hi, init=True)
+                    _crop_rows(acc, hp, wp, oh, ow, bias, gi * mg, r0, r1, out)
+
+                threads.parallel_for(imp_cols, len(blocks))
+            else:
+
+                def imp_rows(i, ap=ap, gi=gi):
+                    p0, p1 = pblocks[i]
+                    gemm_rows(ap, mg, xflat, rowoff, acc, 0, ncols, p0, p1, init=True)
+                    _crop_planes(acc, hp, wp, oh, ow, bias, gi * mg, p0 * MR, min(mg, p1 * MR), out)
+
+                threads.parallel_for(imp_rows, len(pblocks))
+            continue
         wg = taps[gi]
         if blocks is not None:
 

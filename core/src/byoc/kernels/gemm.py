@@ -388,6 +388,76 @@ _KC = 256
 _MCP = 32  # row panels per L2 block of A: 32 * 8 rows * 256 deep * 4 bytes = 256 KiB
 
 
+def _emit_tile(builder, kc_v, pa, b_row, pc, ldc_v, pbias, init_v):
+    """LLVM IR of the micro-kernel: an MR x NR tile of ``sum_k A[k, i] * B_k[j]`` in registers
+    (``b_row(k)`` gives the pointer to B's row ``k``), then stored as ``bias + acc`` (init) or
+    added to C."""
+    vty = ir.VectorType(ir.FloatType(), _W)
+    vptr = vty.as_pointer()
+    i64 = ir.IntType(64)
+    zero = ir.Constant(vty, [0.0] * _W)
+    fname = f"llvm.fma.v{_W}f32"
+    fma = builder.module.globals.get(fname)
+    if fma is None:
+        fma = ir.Function(builder.module, ir.FunctionType(vty, [vty, vty, vty]), name=fname)
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), _W), [0] * _W)
+
+    def splat(value):
+        v = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+        return builder.shuffle_vector(v, ir.Constant(vty, ir.Undefined), mask)
+
+    entry = builder.block
+    loop = builder.append_basic_block("uk.loop")
+    done = builder.append_basic_block("uk.done")
+    builder.cbranch(builder.icmp_signed(">", kc_v, ir.Constant(i64, 0)), loop, done)
+    builder.position_at_end(loop)
+    k = builder.phi(i64)
+    k.add_incoming(ir.Constant(i64, 0), entry)
+    accs = [[builder.phi(vty) for _ in range(_NV)] for _ in range(MR)]
+    for row in accs:
+        for p in row:
+            p.add_incoming(zero, entry)
+    brow = b_row(k)
+    bvec = [builder.load(builder.bitcast(builder.gep(brow, [ir.Constant(i64, v * _W)]), vptr), align=4)
+            for v in range(_NV)]
+    arow = builder.mul(k, ir.Constant(i64, MR))
+    new = []
+    for i in range(MR):
+        av = builder.load(builder.gep(pa, [builder.add(arow, ir.Constant(i64, i))]), align=4)
+        sv = splat(av)
+        new.append([builder.call(fma, [sv, bvec[v], accs[i][v]]) for v in range(_NV)])
+    k2 = builder.add(k, ir.Constant(i64, 1))
+    body_end = builder.block
+    k.add_incoming(k2, body_end)
+    for i in range(MR):
+        for v in range(_NV):
+            accs[i][v].add_incoming(new[i][v], body_end)
+    builder.cbranch(builder.icmp_signed("<", k2, kc_v), loop, done)
+    builder.position_at_end(done)
+    fin = []
+    for i in range(MR):
+        for v in range(_NV):
+            p = builder.phi(vty)
+            p.add_incoming(zero, entry)
+            p.add_incoming(new[i][v], body_end)
+            fin.append(p)
+    init_b = builder.icmp_unsigned("!=", init_v, ir.Constant(init_v.type, 0))
+    with builder.if_else(init_b) as (then, otherwise):
+        with then:
+            for i in range(MR):
+                sv = splat(builder.load(builder.gep(pbias, [ir.Constant(i64, i)]), align=4))
+                for v in range(_NV):
+                    off = builder.add(builder.mul(ir.Constant(i64, i), ldc_v), ir.Constant(i64, v * _W))
+                    ptr = builder.bitcast(builder.gep(pc, [off]), vptr)
+                    builder.store(builder.fadd(sv, fin[i * _NV + v]), ptr, align=4)
+        with otherwise:
+            for i in range(MR):
+                for v in range(_NV):
+                    off = builder.add(builder.mul(ir.Constant(i64, i), ldc_v), ir.Constant(i64, v * _W))
+                    ptr = builder.bitcast(builder.gep(pc, [off]), vptr)
+                    builder.store(builder.fadd(builder.load(ptr, align=4), fin[i * _NV + v]), ptr, align=4)
+
+
 @intrinsic
 def _ukernel(typingctx, kc, a, aoff, b, boff, ldb, c, coff, ldc, bias, bi, init):
     """``acc[i, j] = sum_k a[aoff + k*MR + i] * b[boff + k*ldb + j]`` for i < MR, j < NR, then
@@ -397,75 +467,32 @@ def _ukernel(typingctx, kc, a, aoff, b, boff, ldb, c, coff, ldc, bias, bi, init)
 
     def codegen(context, builder, signature, args):
         kc_v, a_v, aoff_v, b_v, boff_v, ldb_v, c_v, coff_v, ldc_v, bias_v, bi_v, init_v = args
-        pa = context.make_array(signature.args[1])(context, builder, a_v).data
-        pb = context.make_array(signature.args[3])(context, builder, b_v).data
-        pc = context.make_array(signature.args[6])(context, builder, c_v).data
+        pa = builder.gep(context.make_array(signature.args[1])(context, builder, a_v).data, [aoff_v])
+        pb = builder.gep(context.make_array(signature.args[3])(context, builder, b_v).data, [boff_v])
+        pc = builder.gep(context.make_array(signature.args[6])(context, builder, c_v).data, [coff_v])
         pbias = builder.gep(context.make_array(signature.args[9])(context, builder, bias_v).data, [bi_v])
-        vty = ir.VectorType(ir.FloatType(), _W)
-        vptr = vty.as_pointer()
-        i64 = ir.IntType(64)
-        pa = builder.gep(pa, [aoff_v])
-        pb = builder.gep(pb, [boff_v])
-        pc = builder.gep(pc, [coff_v])
-        zero = ir.Constant(vty, [0.0] * _W)
-        fname = f"llvm.fma.v{_W}f32"
-        fma = builder.module.globals.get(fname)
-        if fma is None:
-            fma = ir.Function(builder.module, ir.FunctionType(vty, [vty, vty, vty]), name=fname)
-        entry = builder.block
-        loop = builder.append_basic_block("uk.loop")
-        done = builder.append_basic_block("uk.done")
-        builder.cbranch(builder.icmp_signed(">", kc_v, ir.Constant(i64, 0)), loop, done)
-        builder.position_at_end(loop)
-        k = builder.phi(i64)
-        k.add_incoming(ir.Constant(i64, 0), entry)
-        accs = [[builder.phi(vty) for _ in range(_NV)] for _ in range(MR)]
-        for row in accs:
-            for p in row:
-                p.add_incoming(zero, entry)
-        brow = builder.mul(k, ldb_v)
-        bvec = [builder.load(builder.bitcast(builder.gep(pb, [builder.add(brow, ir.Constant(i64, v * _W))]), vptr),
-                             align=4) for v in range(_NV)]
-        arow = builder.mul(k, ir.Constant(i64, MR))
-        mask = ir.Constant(ir.VectorType(ir.IntType(32), _W), [0] * _W)
-        new = []
-        for i in range(MR):
-            av = builder.load(builder.gep(pa, [builder.add(arow, ir.Constant(i64, i))]), align=4)
-            splat = builder.insert_element(ir.Constant(vty, ir.Undefined), av, ir.Constant(ir.IntType(32), 0))
-            splat = builder.shuffle_vector(splat, ir.Constant(vty, ir.Undefined), mask)
-            new.append([builder.call(fma, [splat, bvec[v], accs[i][v]]) for v in range(_NV)])
-        k2 = builder.add(k, ir.Constant(i64, 1))
-        body_end = builder.block
-        k.add_incoming(k2, body_end)
-        for i in range(MR):
-            for v in range(_NV):
-                accs[i][v].add_incoming(new[i][v], body_end)
-        builder.cbranch(builder.icmp_signed("<", k2, kc_v), loop, done)
-        builder.position_at_end(done)
-        fin = []
-        for i in range(MR):
-            for v in range(_NV):
-                p = builder.phi(vty)
-                p.add_incoming(zero, entry)
-                p.add_incoming(new[i][v], body_end)
-                fin.append(p)
-        init_b = builder.icmp_unsigned("!=", init_v, ir.Constant(init_v.type, 0))
-        with builder.if_else(init_b) as (then, otherwise):
-            with then:
-                for i in range(MR):
-                    bv = builder.load(builder.gep(pbias, [ir.Constant(i64, i)]), align=4)
-                    splat = builder.insert_element(ir.Constant(vty, ir.Undefined), bv, ir.Constant(ir.IntType(32), 0))
-                    splat = builder.shuffle_vector(splat, ir.Constant(vty, ir.Undefined), mask)
-                    for v in range(_NV):
-                        off = builder.add(builder.mul(ir.Constant(i64, i), ldc_v), ir.Constant(i64, v * _W))
-                        ptr = builder.bitcast(builder.gep(pc, [off]), vptr)
-                        builder.store(builder.fadd(splat, fin[i * _NV + v]), ptr, align=4)
-            with otherwise:
-                for i in range(MR):
-                    for v in range(_NV):
-                        off = builder.add(builder.mul(ir.Constant(i64, i), ldc_v), ir.Constant(i64, v * _W))
-                        ptr = builder.bitcast(builder.gep(pc, [off]), vptr)
-                        builder.store(builder.fadd(builder.load(ptr, align=4), fin[i * _NV + v]), ptr, align=4)
+        _emit_tile(builder, kc_v, pa, lambda k: builder.gep(pb, [builder.mul(k, ldb_v)]), pc, ldc_v, pbias, init_v)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _ukernel_rows(typingctx, kc, a, aoff, b, rowoff, r0, j0, c, coff, ldc, bias, bi, init):
+    """:func:`_ukernel` with B row ``k`` at ``b[rowoff[r0 + k] + j0 :]`` (an implicit GEMM:
+    the rows of B are gathered by offset, e.g. kernel taps over a padded image)."""
+    sig = types.void(types.intp, a, types.intp, b, rowoff, types.intp, types.intp, c, types.intp, types.intp, bias,
+                     types.intp, types.boolean)
+
+    def codegen(context, builder, signature, args):
+        kc_v, a_v, aoff_v, b_v, ro_v, r0_v, j0_v, c_v, coff_v, ldc_v, bias_v, bi_v, init_v = args
+        pa = builder.gep(context.make_array(signature.args[1])(context, builder, a_v).data, [aoff_v])
+        pb = builder.gep(context.make_array(signature.args[3])(context, builder, b_v).data, [j0_v])
+        pro = builder.gep(context.make_array(signature.args[4])(context, builder, ro_v).data, [r0_v])
+        pc = builder.gep(context.make_array(signature.args[7])(context, builder, c_v).data, [coff_v])
+        pbias = builder.gep(context.make_array(signature.args[10])(context, builder, bias_v).data, [bi_v])
+        _emit_tile(builder, kc_v, pa, lambda k: builder.gep(pb, [builder.load(builder.gep(pro, [k]), align=8)]),
+                   pc, ldc_v, pbias, init_v)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -553,6 +580,71 @@ def _gemm_direct(ap, m, k, b, c, j_lo, j_hi, ip_lo, ip_hi, bias, init):
                                     c[i0 + i, j0 + j] = tile[i * NR + j] + bias[i0 + i]
                                 else:
                                     c[i0 + i, j0 + j] += tile[i * NR + j]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _gemm_rows(ap, m, k, b, rowoff, c, j_lo, j_hi, ip_lo, ip_hi, bias, init):
+    """:func:`_gemm_direct` for an implicit B: row ``kk`` of B is ``b[rowoff[kk]:]`` (1-D ``b``)."""
+    mp = (m + MR - 1) // MR
+    ldc = c.strides[0] // 4
+    tile = np.empty(MR * NR, np.float32)
+    bt = np.empty(_KC * NR, np.float32)
+    zero_off = np.arange(_KC) * NR
+    cflat = c[0]
+    for pcb in range((k + _KC - 1) // _KC):
+        pc = pcb * _KC
+        kc = min(_KC, k - pc)
+        first = init and pcb == 0
+        for ib in range(ip_lo, ip_hi, _MCP):
+            ie = min(ip_hi, ib + _MCP)
+            for j0 in range(j_lo, j_hi, NR):
+                jn = min(NR, j_hi - j0)
+                if jn == NR:
+                    for ip in range(ib, ie):
+                        i0 = ip * MR
+                        aoff = (pcb * mp + ip) * _KC * MR
+                        if i0 + MR <= m:
+                            _ukernel_rows(kc, ap, aoff, b, rowoff, pc, j0, cflat, i0 * ldc + j0, ldc, bias, i0, first)
+                        else:
+                            tile[:] = 0
+                            _ukernel_rows(kc, ap, aoff, b, rowoff, pc, j0, tile, 0, NR, bias, i0, False)
+                            for i in range(m - i0):
+                                for j in range(NR):
+                                    if first:
+                                        c[i0 + i, j0 + j] = tile[i * NR + j] + bias[i0 + i]
+                                    else:
+                                        c[i0 + i, j0 + j] += tile[i * NR + j]
+                else:
+                    for kk in range(kc):
+                        o = rowoff[pc + kk] + j0
+                        for j in range(jn):
+                            bt[kk * NR + j] = b[o + j]
+                        for j in range(jn, NR):
+                            bt[kk * NR + j] = 0
+                    for ip in range(ib, ie):
+                        i0 = ip * MR
+                        im = min(MR, m - i0)
+                        aoff = (pcb * mp + ip) * _KC * MR
+                        tile[:] = 0
+                        _ukernel_rows(kc, ap, aoff, bt, zero_off, 0, 0, tile, 0, NR, bias, i0, False)
+                        for i in range(im):
+                            for j in range(jn):
+                                if first:
+                                    c[i0 + i, j0 + j] = tile[i * NR + j] + bias[i0 + i]
+                                else:
+                                    c[i0 + i, j0 + j] += tile[i * NR + j]
+
+
+def gemm_rows(ap: np.ndarray, m: int, b: np.ndarray, rowoff: np.ndarray, c: np.ndarray, j_lo: int, j_hi: int,
+              ip_lo: int = 0, ip_hi: int | None = None, init: bool = False, bias: np.ndarray | None = None) -> None:
+    """Implicit GEMM on the calling thread: ``c[rows, j_lo:j_hi] (+)= A @ B`` where row ``k`` of
+    B is ``b[rowoff[k] + j_lo : rowoff[k] + j_hi]`` of the 1-D float32 ``b`` and ``A`` (M, K) is
+    packed by :func:`pack_a`; rows of A's panels ``[ip_lo, ip_hi)`` (default: all)."""
+    mp = -(-m // MR)
+    bb = np.zeros(mp * MR, np.float32)
+    if bias is not None:
+        bb[:m] = bias
+    _gemm_rows(ap, m, rowoff.shape[0], b, rowoff, c, j_lo, j_hi, ip_lo, mp if ip_hi is None else ip_hi, bb, init)
 
 
 def gemm_acc(ap: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray, parallel: bool = True,
