@@ -244,7 +244,8 @@ def _escape_error(what: str, location: str, root: str, why: str) -> ExternalData
 
 def _open_inside(root: str, parts: list[str], location: str, what: str) -> int:
     """Open ``root/parts...`` read-only without following any link; returns the file descriptor."""
-    if not (hasattr(os, "O_NOFOLLOW") and os.open in os.supports_dir_fd and os.lstat in os.supports_dir_fd):
+    if not (hasattr(os, "O_NOFOLLOW") and os.open in os.supports_dir_fd and os.stat in os.supports_dir_fd
+            and os.stat in os.supports_follow_symlinks):
         return _open_inside_portable(root, parts, location, what)
     cloexec = getattr(os, "O_CLOEXEC", 0)
     dir_flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_DIRECTORY", 0) | cloexec
@@ -253,7 +254,7 @@ def _open_inside(root: str, parts: list[str], location: str, what: str) -> int:
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             try:
-                st = os.lstat(part, dir_fd=dir_fd)
+                st = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:
                 raise ExternalDataError(
                     f"{what}: external data file {location!r} not found in the model's folder {root!r}"
@@ -292,11 +293,16 @@ def _open_inside_portable(root: str, parts: list[str], location: str, what: str)
                 f"{what}: external data file {location!r} not found in the model's folder {root!r}"
             ) from None
         if stat.S_ISLNK(st.st_mode) or getattr(st, "st_reparse_tag", 0):
-            raise _escape_error(what, location, root, f"goes through the link {'/'.join(parts[:i + 1])!r}")
+            raise _escape_error(what, location, root, f"goes through the symbolic link {'/'.join(parts[:i + 1])!r}")
+        last = i == len(parts) - 1
+        if not last and not stat.S_ISDIR(st.st_mode):
+            raise ExternalDataError(f"{what}: external data location {location!r}: {part!r} is not a folder")
+        if last and not stat.S_ISREG(st.st_mode):
+            raise ExternalDataError(f"{what}: external data location {location!r} is not a regular file")
     if os.path.realpath(path) != os.path.normpath(path) or Path(root) not in Path(os.path.realpath(path)).parents:
         raise _escape_error(what, location, root, "resolves outside the folder")
     try:
-        return os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        return os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise ExternalDataError(f"{what}: cannot open external data file {location!r}: {exc}") from None
 
