@@ -25,12 +25,19 @@ for _case in ["dequantizelinear_e4m3fn", "dequantizelinear_e4m3fn_float16", "deq
 
 #: test case name prefixes -> reason (a whole family of cases)
 SKIP_PREFIXES: dict[str, str] = {
+    "test_batchnorm_example_training_mode": "training-mode BatchNormalization (batch statistics, running-mean "
+    "outputs): byoc is an inference compiler and refuses it with a KernelError naming the node",
+    "test_batchnorm_epsilon_training_mode": "as test_batchnorm_example_training_mode",
     "test_training_dropout": "training-mode Dropout draws a random mask; the expected data come from numpy's "
     "RandomState stream, which an inference compiler does not reproduce",
 }
 
 #: test case name suffixes -> reason
 SKIP_SUFFIXES: dict[str, str] = {
+    "_bf16_expanded": "as _fp16_expanded, in bfloat16",
+    "_fp16_expanded": "the expected data come from onnx.reference evaluating the expanded function step by step in "
+    "float16; byoc computes float16 elementwise ops in float32 and rounds once, and misses by 1-2 float16 ulp, as "
+    "onnxruntime does",
     "_bfloat16": "bfloat16 has no numpy dtype; byoc's kernels compute in numpy dtypes",
 }
 

@@ -68,6 +68,7 @@ def make_loop(spec: NodeSpec):
             )
         keep_going = True if cond is None else bool(np.asarray(cond).reshape(()))
         scans: list[list[np.ndarray]] = []
+        ctrl = control.current()
         i = 0
         while keep_going and (limit is None or i < limit):
             if i >= max_iter:
@@ -75,8 +76,14 @@ def make_loop(spec: NodeSpec):
                     f"{spec.label}: more than max_loop_iterations={max_iter} iterations; raise the budget "
                     "or check the loop condition"
                 )
-            control.check(f"{spec.label}, iteration {i}")
-            outs = plan.run_positional([np.array(i, dtype=np.int64), np.array(keep_going)] + carried + list(captured))
+            args = [np.array(i, dtype=np.int64), np.array(keep_going)] + carried + list(captured)
+            if ctrl is None:
+                outs = plan.run_positional(args)
+            else:  # a timeout or cancel handle is active: check it and name this iteration
+                where = f"{spec.label}, iteration {i}"
+                ctrl.check(where)
+                with control.inside(where):
+                    outs = plan.run_positional(args)
             keep_going = bool(np.asarray(outs[0]).reshape(()))
             carried = list(outs[1:1 + n_carried])
             scan_outs = outs[1 + n_carried:]
@@ -114,13 +121,19 @@ def make_scan(spec: NodeSpec):
             raise spec.error(f"scan inputs disagree on the sequence length: {sorted(lengths)}")
         steps = lengths.pop() if lengths else 0
         collected: list[list[np.ndarray]] = [[] for _ in range(k)]
+        ctrl = control.current()
         for t in range(steps):
-            control.check(f"{spec.label}, step {t}")
             slices = []
             for x, a, d in zip(scans_in, axes, in_dirs):
                 idx = steps - 1 - t if d else t
                 slices.append(np.take(x, idx, axis=a))
-            outs = plan.run_positional(states + slices + list(captured))
+            if ctrl is None:
+                outs = plan.run_positional(states + slices + list(captured))
+            else:
+                where = f"{spec.label}, step {t}"
+                ctrl.check(where)
+                with control.inside(where):
+                    outs = plan.run_positional(states + slices + list(captured))
             states = list(outs[:n_state])
             for acc, value in zip(collected, outs[n_state:]):
                 acc.append(np.asarray(value))

@@ -62,6 +62,17 @@ def check(where: str) -> None:
 
 
 @contextmanager
+def inside(where: str) -> Iterator[None]:
+    """Name the enclosing Loop/Scan iteration when a limit fires inside its body."""
+    try:
+        yield
+    except (RunTimeoutError, RunCancelledError) as exc:
+        if where in str(exc):
+            raise
+        raise type(exc)(f"{exc}, inside {where}") from None
+
+
+@contextmanager
 def controlled(timeout: float | None, handle: CancelHandle | None) -> Iterator[None]:
     if timeout is None and handle is None:
         yield
