@@ -41,11 +41,13 @@ def const_layout(sizes: list[int]) -> tuple[list[int], int]:
 
 def pack_constants(consts: list[np.ndarray]) -> bytes:
     offsets, total = const_layout([int(a.size) for a in consts])
-    buf = bytearray(total)
-    for off, arr in zip(offsets, consts):
+    parts = []
+    for i, arr in enumerate(consts):
         raw = np.ascontiguousarray(arr, dtype="<f4").tobytes()
-        buf[off:off + len(raw)] = raw
-    return bytes(buf)
+        end = offsets[i + 1] if i + 1 < len(offsets) else total
+        parts.append(raw)
+        parts.append(bytes(end - offsets[i] - len(raw)))
+    return b"".join(parts)
 
 
 def unpack_constants(data: bytes, program: dict[str, Any]) -> list[np.ndarray]:

@@ -140,7 +140,8 @@ def conv_direct(x, xo, c, h, w, wt, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, o
 
 @_jit
 def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
-    """Max over each window (padding never wins; NaN propagates). Per output row: the maximum
+    """Max over each window (padding never wins; like the host kernels, a NaN never replaces the
+    running maximum, so it only shows when it comes first). Per output row: the maximum
     of the window's input rows (contiguous), then of its columns (one strided pass per tap),
     so both stages vectorise instead of chaining one comparison after another."""
     rowmax = np.empty(w, np.float32)
@@ -155,7 +156,7 @@ def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
                 for q in range(w):
                     v = x[U(row + q)]
                     t = rowmax[q]
-                    rowmax[q] = v if (v > t or v != v) else t
+                    rowmax[q] = v if v > t else t
             out = yo + (ci * oh + i) * ow
             for j in range(ow):
                 y[U(out + j)] = NEG_INF
@@ -165,7 +166,7 @@ def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
                 for j in range(lo, hi):
                     v = rowmax[U(j * sw + off)]
                     t = y[U(out + j)]
-                    y[U(out + j)] = v if (v > t or v != v) else t
+                    y[U(out + j)] = v if v > t else t
 
 
 @_jit
@@ -199,14 +200,15 @@ def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, in
 
 @_jit
 def global_pool(x, xo, rows, cols, is_max, y, yo):
-    """Mean (float64 accumulation) or max of each of ``rows`` contiguous rows of ``cols``."""
+    """Mean (float64 accumulation) or max (from the first element on, as the host does) of each
+    of ``rows`` contiguous rows of ``cols``."""
     for r in range(rows):
         s = xo + r * cols
         if is_max:
             m = x[U(s)]
             for k in range(1, cols):
                 v = x[U(s + k)]
-                if v > m or v != v:
+                if v > m:
                     m = v
             y[U(yo + r)] = m
         else:

@@ -128,34 +128,22 @@ def byoc_runtime(target, artifact, options):
 def byoc_cost(target, region, options):
     if target != TARGET:
         return None
-    from byoc_cpu.ops import analyze, macs
-    from byoc_cpu.support import opset_of
+    if region.model is None:
+        return None
+    from byoc_cpu.lower import Lowering, LoweringError
+    from byoc_cpu.ops import macs
 
+    low = Lowering(region.model, {"threads": 1})
+    try:
+        low.analyze()  # static shapes of every value of the body
+    except LoweringError:
+        return None
     seconds = 0.0
-    for node in region.nodes:
+    for node, info in zip(low.nodes, low.infos):
         if node.op_type in ANCHOR:
-            try:
-                info = analyze(node, _shape, _const, opset_of(node))
-            except Exception:
-                continue
             seconds += 2 * macs(node, info) / _GEMM_FLOPS
-        out = node.outputs[0]
-        shape = _shape(out)
-        if shape is not None and None not in shape:
-            n = 1
-            for d in shape:
-                n *= d
-            seconds += 8 * n / _LOOP_BYTES
+        elements = 1
+        for d in info.out_shapes[0]:
+            elements *= d
+        seconds += 8 * elements / _LOOP_BYTES
     return seconds
-
-
-def _shape(v):
-    if v is None or v.shape is None:
-        return None
-    return tuple(d if isinstance(d, int) else None for d in v.shape)
-
-
-def _const(v):
-    if v is None or v.const_value is None or v.is_graph_input():
-        return None
-    return v.const_value.numpy()

@@ -1,0 +1,311 @@
+"""Operator numerics: generated code vs byoc's host kernels and onnxruntime, float32 tolerance.
+
+Every example is a small model compiled for the cpu target alone (strict: a code-generation
+fault fails the test instead of falling back to the host), so each exercises lowering, fusion,
+the memory plan, the emitter, the verifier and the runtime end to end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cpu_helpers import assert_close, compile_cpu, cpu_nodes, make_model, onnxruntime_run, run_both
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import helper
+
+UNARY = {
+    "Relu": {}, "Neg": {}, "Abs": {}, "Tanh": {}, "Sigmoid": {}, "Erf": {}, "Softsign": {}, "HardSwish": {},
+    "LeakyRelu": {"alpha": 0.2}, "HardSigmoid": {"alpha": 0.3, "beta": 0.4}, "Elu": {"alpha": 0.7}, "Selu": {},
+    "Softplus": {}, "Exp": {}, "Floor": {}, "Ceil": {},
+}
+POSITIVE = ["Log", "Sqrt", "Reciprocal"]  # fed |x| + 0.5
+BINARY = ["Add", "Sub", "Mul", "Div", "Max", "Min", "PRelu", "Sum", "Mean"]
+
+
+@st.composite
+def elementwise_models(draw):
+    """A chain of 1-5 elementwise operators; binary operands are constants or inputs of any
+    broadcastable shape, or an earlier value of the chain (a DAG inside one fused loop)."""
+    rank = draw(st.integers(1, 4))
+    shape = tuple(draw(st.integers(1, 5)) for _ in range(rank))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    inputs, inits, nodes, feeds = {"x": shape}, {}, [], {}
+    feeds["x"] = rng.uniform(-3, 3, shape).astype(np.float32)
+    values, cur = ["x"], "x"
+    for i in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(["unary", "binary", "positive", "clip"]))
+        out = f"v{i}"
+        if kind == "unary":
+            op = draw(st.sampled_from(sorted(UNARY)))
+            nodes.append(helper.make_node(op, [cur], [out], **UNARY[op]))
+        elif kind == "positive":
+            nodes.append(helper.make_node("Abs", [cur], [f"a{i}"]))
+            inits[f"h{i}"] = np.float32(0.5)
+            nodes.append(helper.make_node("Add", [f"a{i}", f"h{i}"], [f"p{i}"]))
+            nodes.append(helper.make_node(draw(st.sampled_from(POSITIVE)), [f"p{i}"], [out]))
+        elif kind == "clip":
+            lo = draw(st.one_of(st.none(), st.floats(-2, 0, width=32)))
+            hi = draw(st.one_of(st.none(), st.floats(0, 2, width=32)))
+            names = [cur, "", ""]
+            if lo is not None:
+                inits[f"lo{i}"] = np.float32(lo)
+                names[1] = f"lo{i}"
+            if hi is not None:
+                inits[f"hi{i}"] = np.float32(hi)
+                names[2] = f"hi{i}"
+            while names and names[-1] == "":
+                names.pop()
+            nodes.append(helper.make_node("Clip", names, [out]))
+        else:
+            op = draw(st.sampled_from(BINARY))
+            # the other operand: a shape that broadcasts against the chain's shape
+            k = draw(st.integers(0, rank))
+            oshape = tuple(d if draw(st.booleans()) else 1 for d in shape[rank - k:])
+            if op == "PRelu":
+                oshape = oshape or (1,)
+            source = draw(st.sampled_from(["const", "input", "earlier"]))
+            if source == "earlier":
+                other = draw(st.sampled_from(values))
+            elif source == "const":
+                other = f"c{i}"
+                arr = rng.uniform(0.5, 2, oshape).astype(np.float32)
+                inits[other] = arr * np.where(rng.random(oshape) < 0.5, -1, 1).astype(np.float32)
+            else:
+                other = f"y{i}"
+                inputs[other] = oshape
+                feeds[other] = rng.uniform(0.5, 2, oshape).astype(np.float32)
+            args = [other, cur] if (op != "PRelu" and draw(st.booleans())) else [cur, other]
+            if op in ("Sum", "Mean") and draw(st.booleans()):
+                args.append(cur)
+            nodes.append(helper.make_node(op, args, [out]))
+        values.append(out)
+        cur = out
+    outputs = [cur]
+    if len(values) > 2 and draw(st.booleans()):
+        extra = draw(st.sampled_from(values[1:-1]))
+        if extra != cur:
+            outputs.append(extra)  # an intermediate is also an output: the loop writes two
+    return make_model(nodes, inputs, outputs, inits), feeds
+
+
+@settings(max_examples=25)
+@given(elementwise_models())
+def test_elementwise_chains_match_host(case):
+    model, feeds = case
+    cpu, got, want = run_both(model, feeds)
+    assert cpu_nodes(cpu) == len(cpu.records)
+    assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@st.composite
+def conv_models(draw):
+    """Conv (+bias) (+residual Add) (+activation) over random geometry and every strategy."""
+    group = draw(st.sampled_from([1, 1, 2, 3]))
+    depthwise = group > 1 and draw(st.booleans())
+    cg = 1 if depthwise else draw(st.sampled_from([1, 3, 4, 16, 17]))
+    c = cg * group
+    mg = 1 if depthwise else draw(st.sampled_from([1, 5, 8, 9]))
+    m = mg * group
+    n = draw(st.integers(1, 2))
+    kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    sh, sw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    pads = [draw(st.integers(0, 2)) for _ in range(4)]
+    h = draw(st.integers((kh - 1) * dh + 1, 11))
+    w = draw(st.integers((kw - 1) * dw + 1, 11))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    inits = {"W": (rng.standard_normal((m, cg, kh, kw)) / np.sqrt(cg * kh * kw)).astype(np.float32)}
+    conv_in = ["x", "W"]
+    if draw(st.booleans()):
+        inits["B"] = rng.standard_normal(m).astype(np.float32)
+        conv_in.append("B")
+    nodes = [helper.make_node("Conv", conv_in, ["c"], group=group, strides=[sh, sw], dilations=[dh, dw],
+                              pads=pads, kernel_shape=[kh, kw])]
+    inputs = {"x": (n, c, h, w)}
+    feeds = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
+    cur = "c"
+    oh = (h + pads[0] + pads[2] - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pads[1] + pads[3] - (kw - 1) * dw - 1) // sw + 1
+    if draw(st.booleans()):
+        inputs["r"] = (n, m, oh, ow)
+        feeds["r"] = rng.standard_normal((n, m, oh, ow)).astype(np.float32)
+        nodes.append(helper.make_node("Add", ["r", cur] if draw(st.booleans()) else [cur, "r"], ["s"]))
+        cur = "s"
+    act = draw(st.sampled_from([None, "Relu", "Clip", "LeakyRelu", "HardSwish", "Sigmoid"]))
+    if act == "Clip":
+        inits["lo"], inits["hi"] = np.float32(0), np.float32(6)
+        nodes.append(helper.make_node("Clip", [cur, "lo", "hi"], ["y"]))
+        cur = "y"
+    elif act is not None:
+        nodes.append(helper.make_node(act, [cur], ["y"]))
+        cur = "y"
+    strategy = draw(st.sampled_from(["auto", "auto", "im2col", "shift", "direct"]))
+    return make_model(nodes, inputs, [cur], inits), feeds, strategy
+
+
+@settings(max_examples=30)
+@given(conv_models())
+def test_conv_with_epilogues_matches_onnxruntime(case):
+    model, feeds, strategy = case
+    cpu = compile_cpu(model, conv_strategy=strategy)
+    assert cpu_nodes(cpu) == len(cpu.records)  # the whole model is one cpu region
+    got = cpu.run(feeds)
+    assert_close(got, onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+def test_conv_1d_and_batch():
+    rng = np.random.default_rng(0)
+    model = make_model([helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1]),
+                        helper.make_node("Relu", ["c"], ["y"])], {"x": (3, 4, 9)}, ["y"],
+                       {"W": rng.standard_normal((6, 4, 3)).astype(np.float32),
+                        "B": rng.standard_normal(6).astype(np.float32)})
+    feeds = {"x": rng.standard_normal((3, 4, 9)).astype(np.float32)}
+    cpu = compile_cpu(model)
+    assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=15)
+@given(st.data())
+def test_gemm_and_matmul_match_onnxruntime(data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    m, k, n = data.draw(st.integers(1, 40)), data.draw(st.integers(1, 40)), data.draw(st.integers(1, 70))
+    kind = data.draw(st.sampled_from(["gemm", "matmul_const", "matmul_batched", "matmul_values"]))
+    act = data.draw(st.sampled_from([None, "Relu", "Sigmoid", "Tanh"]))
+    inits, inputs, feeds = {}, {}, {}
+    if kind == "gemm":
+        ta, tb = data.draw(st.booleans()), data.draw(st.booleans())
+        alpha, beta = data.draw(st.sampled_from([1.0, 0.5])), data.draw(st.sampled_from([1.0, 2.0]))
+        inputs["a"] = (k, m) if ta else (m, k)
+        inits["b"] = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+        names = ["a", "b"]
+        c_shape = data.draw(st.sampled_from([None, (n,), (1, n), (m, 1), (m, n), ()]))
+        if c_shape is not None:
+            if data.draw(st.booleans()):
+                inits["c"] = rng.standard_normal(c_shape).astype(np.float32)
+            else:
+                inputs["c"] = c_shape
+                feeds["c"] = rng.standard_normal(c_shape).astype(np.float32)
+            names.append("c")
+        nodes = [helper.make_node("Gemm", names, ["g"], transA=int(ta), transB=int(tb), alpha=alpha, beta=beta)]
+    else:
+        lead = (2, 3) if kind != "matmul_values" else ()
+        inputs["a"] = lead + (m, k)
+        if kind == "matmul_const":
+            inits["b"] = rng.standard_normal((k, n)).astype(np.float32)
+        else:
+            inputs["b"] = lead + (k, n)
+            feeds["b"] = rng.standard_normal(lead + (k, n)).astype(np.float32)
+        nodes = [helper.make_node("MatMul", ["a", "b"], ["g"])]
+    feeds["a"] = rng.standard_normal(inputs["a"]).astype(np.float32)
+    out = "g"
+    if act is not None:
+        nodes.append(helper.make_node(act, ["g"], ["y"]))
+        out = "y"
+    model = make_model(nodes, inputs, [out], inits)
+    cpu = compile_cpu(model)
+    assert cpu_nodes(cpu) == len(cpu.records)
+    assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=20)
+@given(st.data())
+def test_pooling_matches_onnxruntime(data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    op = data.draw(st.sampled_from(["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"]))
+    n, c = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 5))
+    kh, kw = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    h, w = data.draw(st.integers(kh, 12)), data.draw(st.integers(kw, 12))
+    attrs = {}
+    if op in ("MaxPool", "AveragePool"):
+        pads = [data.draw(st.integers(0, min(kh, kw) - 1)) for _ in range(4)]
+        attrs = dict(kernel_shape=[kh, kw], strides=[data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))],
+                     pads=pads, ceil_mode=int(data.draw(st.booleans())))
+        if op == "AveragePool":
+            attrs["count_include_pad"] = int(data.draw(st.booleans()))
+        elif data.draw(st.booleans()):
+            attrs["dilations"] = [data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))]
+            attrs["pads"] = [0, 0, 0, 0]
+            attrs["ceil_mode"] = 0
+            kh_eff = (kh - 1) * attrs["dilations"][0] + 1
+            kw_eff = (kw - 1) * attrs["dilations"][1] + 1
+            h, w = max(h, kh_eff), max(w, kw_eff)
+    model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], {"x": (n, c, h, w)}, ["y"])
+    feeds = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
+    cpu = compile_cpu(model)
+    assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_concat_and_layout_ops_match_host(axis):
+    """Concat (pieces written in place when contiguous), Transpose, Reshape, Flatten, Softmax,
+    LRN, standalone BatchNormalization."""
+    rng = np.random.default_rng(axis + 5)
+    shape = (1, 4, 3, 5)
+    inits = {"s": np.array([1, -1], dtype=np.int64), "sc": rng.uniform(0.5, 1.5, 4).astype(np.float32),
+             "bi": rng.standard_normal(4).astype(np.float32), "mu": rng.standard_normal(4).astype(np.float32),
+             "va": rng.uniform(0.5, 2, 4).astype(np.float32)}
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Sigmoid", ["x"], ["b"]),
+        helper.make_node("Concat", ["a", "b", "a"], ["cat"], axis=axis),
+        helper.make_node("Transpose", ["cat"], ["t"], perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["t", "s"], ["r"]),
+        helper.make_node("Softmax", ["r"], ["sm"], axis=-1),
+        helper.make_node("LRN", ["x"], ["l"], size=3),
+        helper.make_node("BatchNormalization", ["l", "sc", "bi", "mu", "va"], ["bn"], epsilon=1e-3),
+        helper.make_node("Flatten", ["bn"], ["f"], axis=2),
+    ]
+    model = make_model(nodes, {"x": shape}, ["sm", "f", "cat"], inits)
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    cpu, got, want = run_both(model, feeds)
+    assert cpu_nodes(cpu) == len(cpu.records)
+    assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert_close(got, onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-5)
+
+
+def test_dense_block_concats_are_written_in_place():
+    """DenseNet's growing concats: every piece lands in the last concat's buffer, no copies."""
+    rng = np.random.default_rng(1)
+    nodes, inits, cur = [], {}, "x"
+    for i in range(3):
+        inits[f"w{i}"] = rng.standard_normal((2, 2 + 2 * i, 1, 1)).astype(np.float32)
+        nodes.append(helper.make_node("Conv", [cur, f"w{i}"], [f"c{i}"]))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        nodes.append(helper.make_node("Concat", [cur, f"r{i}"], [f"cat{i}"], axis=1))
+        cur = f"cat{i}"
+    model = make_model(nodes, {"x": (1, 2, 5, 5)}, [cur], inits)
+    feeds = {"x": rng.standard_normal((1, 2, 5, 5)).astype(np.float32)}
+    cpu, got, want = run_both(model, feeds)
+    assert_close(got, want, rtol=1e-5, atol=1e-6)
+    program = cpu.regions[0].artifact.metadata["program"]
+    copies = [s for s in _flat(program["steps"]) if s["kind"] == "copy"]
+    assert len(copies) == 1  # only the region input x is copied into the final buffer
+
+
+def test_gelu_opset20():
+    rng = np.random.default_rng(3)
+    for approx in ("none", "tanh"):
+        model = make_model([helper.make_node("Gelu", ["x"], ["y"], approximate=approx)], {"x": (2, 7)}, ["y"],
+                           opset=20)
+        feeds = {"x": rng.standard_normal((2, 7)).astype(np.float32)}
+        assert_close(compile_cpu(model).run(feeds), onnxruntime_run(model, feeds), rtol=1e-5, atol=1e-6)
+
+
+def test_nan_and_inf_propagate_like_the_host():
+    model = make_model([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Max", ["a", "x"], ["b"]),
+                        helper.make_node("MaxPool", ["b"], ["y"], kernel_shape=[2, 2])], {"x": (1, 1, 2, 4)}, ["y"])
+    x = np.array([[[[np.nan, 1, -np.inf, 2], [0, 0, np.inf, -1]]]], dtype=np.float32)
+    _, got, want = run_both(model, {"x": x})
+    assert_close(got, want, rtol=0, atol=0)
+
+
+def _flat(steps):
+    for s in steps:
+        if s["kind"] == "batch":
+            yield from _flat(s["steps"])
+        elif s["kind"] == "par":
+            for chunk in s["chunks"]:
+                yield from _flat(chunk)
+        else:
+            yield s
