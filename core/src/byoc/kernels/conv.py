@@ -137,6 +137,16 @@ def window_geometry(spec: NodeSpec, in_sp, kernel, strides, dilations, pads, aut
     return out, pb, pe
 
 
+def check_geometry(spec: NodeSpec, x: np.ndarray, m: int, g: dict) -> None:
+    """The budget, before anything is allocated: the output, the padded input, one im2col panel."""
+    nb = x.shape[0]
+    spec.check_alloc([nb, m, *g["out_sp"]], x.dtype)
+    if "pe" in g:
+        spec.check_alloc([nb, x.shape[1], *[i + b + e for i, b, e in zip(g["in"], g["pb"], g["pe"])]], x.dtype)
+    taps = int(np.prod(g["k"], dtype=np.int64))
+    spec.check_alloc([g["cg"], taps, *g["out_sp"]], x.dtype)
+
+
 def canon5(x: np.ndarray) -> np.ndarray:
     """``(N, C, *spatial)`` with 1-3 spatial axes viewed as ``(N, C, D, H, W)``."""
     return x.reshape(x.shape[:2] + (1,) * (5 - x.ndim) + x.shape[2:])
@@ -682,7 +692,9 @@ def make_conv(spec: NodeSpec):
         key = (x.shape, w.shape)
         g = geometry.get(key)
         if g is None:
-            g = geometry[key] = setup(x, w)
+            g = setup(x, w)
+            check_geometry(spec, x, w.shape[0], g)
+            geometry[key] = g
         if g["how"] in ("shift", "phase_shift") and dt != np.float32:
             g = dict(g, how="im2col")
         pw = weights(w, dt)
@@ -1130,7 +1142,9 @@ def make_conv_transpose(spec: NodeSpec):
         key = (x.shape, w.shape)
         g = geometry.get(key)
         if g is None:
-            g = geometry[key] = setup(x, w)
+            g = setup(x, w)
+            check_geometry(spec, x, g["mg"] * group, g)
+            geometry[key] = g
         wt = weights(w, dt)
         nb = x.shape[0]
         cg, mg = g["cg"], g["mg"]
