@@ -223,3 +223,21 @@ def test_external_data_inside_the_folder_is_read(tmp_path):
     (path.parent / "weights.bin").write_bytes(np.full(4, 2, np.float32).tobytes())
     out = byoc.compile(path, targets=[]).run({"x": np.ones(4, np.float32)})["y"]
     np.testing.assert_array_equal(out, np.full(4, 3, np.float32))
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_pooling_with_absurd_padding_is_refused_before_allocating(op):
+    node = h.make_node(op, ["x"], ["y"], kernel_shape=[2, 2], pads=[0, 0, 2**31, 2**31], name="pool")
+    model = _model([node], [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 6, 6])], [h.make_tensor_value_info("y", T.FLOAT, None)])
+    compiled = byoc.compile(model, targets=[])
+    with within_limits(), pytest.raises(byoc.ResourceLimitError, match="'pool'"):
+        compiled.run({"x": np.ones((1, 3, 6, 6), np.float32)})
+
+
+def test_conv_transpose_with_absurd_strides_is_refused_before_allocating():
+    node = h.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2**20, 2**20], name="deconv")
+    model = _model([node], [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 6, 6])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+                   [nh.from_array(np.ones((3, 2, 3, 3), np.float32), "w")])
+    compiled = byoc.compile(model, targets=[])
+    with within_limits(), pytest.raises(byoc.ResourceLimitError, match="'deconv'"):
+        compiled.run({"x": np.ones((1, 3, 6, 6), np.float32)})

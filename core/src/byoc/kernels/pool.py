@@ -244,6 +244,10 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
         out_sp, pb, pe = window_geometry(spec, in_sp, kshape, strides, dil, pads, auto_pad, ceil_mode)
         if min(out_sp) <= 0:
             raise spec.error(f"output would be empty (spatial size {out_sp}) for input {list(x.shape)}")
+        # the budget, before anything is allocated (absurd pads or kernels ask for gigabytes)
+        spec.check_alloc(list(x.shape[:2]) + out_sp, x.dtype)
+        for o, k in zip(out_sp, kshape):
+            spec.check_alloc([o, k], np.float64)
         g = {"out_sp": out_sp, "pb": pad3(pb, 0)}
         # one window covering the whole unpadded input (ResNet's 7x7 average): a global pool
         g["global"] = (all(o == 1 for o in out_sp) and not any(pb) and not any(pe)
