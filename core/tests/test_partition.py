@@ -27,70 +27,13 @@ from byoc.partition import Pattern, Rule, any_value, op
 from byoc.partition.regions import CycleError, form_regions, is_acyclic, unit_graph
 from byoc.plugins import build_registry
 from byoc.runtime.subgraph import host_callable, region_model_bytes
+from byoc.testing.graphs import contracted, graph_is_dag, index_dags, kahn_acyclic
+from byoc.testing.graphs import onnx_dags as _onnx_dags
 
-# -- an independent acyclicity check --------------------------------------------------------
-
-
-def kahn_acyclic(succs: dict) -> bool:
-    """``succs``: node -> iterable of successor nodes (every node a key)."""
-    indeg = {u: 0 for u in succs}
-    for u in succs:
-        for v in set(succs[u]):
-            indeg[v] += 1
-    ready = [u for u, d in indeg.items() if d == 0]
-    seen = 0
-    while ready:
-        u = ready.pop()
-        seen += 1
-        for v in set(succs[u]):
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    return seen == len(succs)
-
-
-def contracted(n: int, preds, group_of) -> dict:
-    """The graph over ``group_of[i]`` labels, self-loops dropped."""
-    succs = {group_of[i]: set() for i in range(n)}
-    for c in range(n):
-        for p in preds[c]:
-            if group_of[p] != group_of[c]:
-                succs[group_of[p]].add(group_of[c])
-    return succs
-
+# the random graphs and the independent acyclicity checks live in the conformance kit
+# (byoc.testing.graphs), shared with vendors' partition tests
 
 # -- form_regions on index graphs -------------------------------------------------------------
-
-
-@st.composite
-def index_dags(draw, max_nodes=40):
-    n = draw(st.integers(1, max_nodes))
-    preds = []
-    for i in range(n):
-        if i == 0:
-            preds.append([])
-            continue
-        # mostly recent predecessors (chains), sometimes far ones (long skips, diamonds)
-        ps = draw(st.lists(st.integers(max(0, i - 6), i - 1) | st.integers(0, i - 1), max_size=3))
-        preds.append(sorted(set(ps)))
-    # some edges contracted into two-node units (composites), only where that keeps a DAG
-    unit_of = list(range(n))
-    for c in draw(st.lists(st.integers(0, n - 1), max_size=n // 3, unique=True)):
-        if not preds[c] or unit_of[c] != c:
-            continue
-        p = draw(st.sampled_from(preds[c]))
-        if unit_of[p] != p or sum(1 for u in unit_of if u == p) > 1:
-            continue
-        trial = list(unit_of)
-        trial[c] = p
-        if kahn_acyclic(contracted(n, preds, trial)):
-            unit_of = trial
-    # renumber units 0..k-1
-    ids = {}
-    unit_of = [ids.setdefault(u, len(ids)) for u in unit_of]
-    n_units = len(ids)
-    candidate = draw(st.lists(st.booleans(), min_size=n_units, max_size=n_units))
-    return n, preds, unit_of, n_units, candidate
 
 
 def check_regions(n, preds, unit_of, n_units, candidate, regions):
@@ -257,30 +200,8 @@ class MaskTarget:
             return host_callable(artifact.data)
 
 
-@st.composite
-def onnx_dags(draw, max_nodes=14):
-    n_inputs = draw(st.integers(1, 2))
-    n = draw(st.integers(1, max_nodes))
-    values = [f"x{i}" for i in range(n_inputs)]
-    nodes = []
-    for i in range(n):
-        binary = draw(st.booleans())
-        k = 2 if binary else 1
-        ins = [values[draw(st.integers(max(0, len(values) - 4), len(values) - 1) | st.integers(0, len(values) - 1))]
-               for _ in range(k)]
-        nodes.append(helper.make_node(draw(st.sampled_from(BINARY if binary else UNARY)), ins, [f"v{i}"],
-                                      name=f"n{i}"))
-        values.append(f"v{i}")
-    used = {v for node in nodes for v in node.input}
-    sinks = [v for v in values[n_inputs:] if v not in used]
-    shared = draw(st.lists(st.sampled_from(values[n_inputs:]), max_size=2))  # consumed and an output
-    outputs = [v for v in values[n_inputs:] if v in set(sinks) | set(shared)]
-    graph = helper.make_graph(
-        nodes, "random",
-        [helper.make_tensor_value_info(v, TensorProto.FLOAT, SHAPE) for v in values[:n_inputs]],
-        [helper.make_tensor_value_info(v, TensorProto.FLOAT, SHAPE) for v in outputs],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+def onnx_dags(max_nodes=14):
+    return _onnx_dags(UNARY, BINARY, SHAPE, max_nodes=max_nodes, opset=17)
 
 
 @st.composite
@@ -296,19 +217,6 @@ def setups(draw):
     order = draw(st.permutations([t.name for t in targets]))
     seed = draw(st.integers(0, 2**16))
     return model, targets, list(order), seed
-
-
-def graph_is_dag(graph) -> bool:
-    producer = {}
-    for k, node in enumerate(graph):
-        for v in node.outputs:
-            producer[v.name] = k
-    succs = {k: set() for k in range(len(graph))}
-    for k, node in enumerate(graph):
-        for v in node.inputs:
-            if v is not None and v.name in producer:
-                succs[producer[v.name]].add(k)
-    return kahn_acyclic(succs)
 
 
 def compile_quiet(model, registry, order):

@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     from byoc.report.commands import add_commands  # explain, partition, targets, doctor
 
     add_commands(sub)
+    from byoc.testing.commands import add_commands as add_testing_commands  # conformance, new-plugin
+
+    add_testing_commands(sub)
     return parser
 
 

@@ -1,0 +1,18 @@
+"""byoc's conformance suite (byoc.testing.suite) against the jetson target.
+
+One test per claimed operator and pattern plus the whole-graph suites; on a machine without
+TensorRT and a CUDA GPU the target runs its float16 CPU emulation. ``byoc conformance jetson``
+runs the same checks from the command line.
+"""
+
+from byoc.testing.suite import *  # noqa: F401,F403
+
+import byoc_jetson.plugin as plugin
+
+
+class Requirements(Requirements):  # noqa: F405
+    target = "jetson"
+    # only this plugin, in-process: other installed plugins never take nodes away
+    plugins = (("jetson", plugin),)
+    # float16 engines: beyond 65504 a value is infinite on the device too
+    float_range = 65504.0
