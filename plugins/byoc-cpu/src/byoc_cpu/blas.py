@@ -72,14 +72,29 @@ class Weight:
             self.packed = microkernel.pack(a, ao, m, k, lda)
 
 
-def wgemm(wt: Weight, b: np.ndarray, bo: int, ldb: int, c: np.ndarray, co: int, ldc: int, lo: int, hi: int,
+class Rows:
+    """Where each row of an indirect GEMM's B starts: runs of ``(start, count, stride)``."""
+
+    __slots__ = ("segments", "table")
+
+    def __init__(self, segments):
+        self.segments = tuple((int(a), int(n), int(s)) for a, n, s in segments)
+        self.table = np.concatenate([a + s * np.arange(n, dtype=np.int64) for a, n, s in self.segments])
+
+
+def wgemm(wt: Weight, b: np.ndarray, bo: int, rows: Rows, c: np.ndarray, co: int, ldc: int, lo: int, hi: int,
           accumulate: int) -> None:
-    """Columns ``[lo, hi)`` of ``C (+)= W @ B`` (``accumulate`` 0 overwrites); B and C are blocks of
-    flat buffers at element offsets ``bo``/``co`` with row strides ``ldb``/``ldc``."""
+    """Columns ``[lo, hi)`` of ``C (+)= W @ B`` (``accumulate`` 0 overwrites): row ``kk`` of B starts at
+    ``b[bo + rows.table[kk]]``, C at ``c[co:]`` with row stride ``ldc``."""
     if wt.packed is not None:
-        _microkernel_gemm(wt.packed, wt.m, wt.k, b, bo, ldb, c, co, ldc, lo, hi, accumulate)
-    else:
-        sgemm(wt.m, hi - lo, wt.k, wt.a, wt.ao, wt.lda, b, bo + lo, ldb, c, co + lo, ldc, float(accumulate))
+        _microkernel_gemm(wt.packed, wt.m, wt.k, b, bo, rows.table, c, co, ldc, lo, hi, accumulate)
+        return
+    # OpenBLAS: one GEMM per run of equally spaced rows, over the matching columns of W
+    k0 = 0
+    for i, (start, count, stride) in enumerate(rows.segments):
+        sgemm(wt.m, hi - lo, count, wt.a, wt.ao + k0, wt.lda, b, bo + start + lo, stride, c, co + lo, ldc,
+              1.0 if (accumulate or i) else 0.0)
+        k0 += count
 
 
 def _microkernel_gemm(*args):
@@ -90,4 +105,4 @@ def _microkernel_gemm(*args):
     gemm(*args)
 
 
-__all__ = ["HAVE_CBLAS", "Weight", "sgemm", "wgemm"]
+__all__ = ["HAVE_CBLAS", "Rows", "Weight", "sgemm", "wgemm"]

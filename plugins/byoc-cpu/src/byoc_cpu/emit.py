@@ -84,7 +84,7 @@ import numpy as np
 
 from byoc.kernels.threads import parallel_for
 from byoc_cpu import kernels as K
-from byoc_cpu.blas import sgemm, wgemm
+from byoc_cpu.blas import Rows, sgemm, wgemm
 
 # indices are unsigned: Numba then skips its negative-index wraparound, which keeps LLVM
 # from vectorising the loops
@@ -278,11 +278,11 @@ class Emitter:
             self.lines.append(f"{ind}parallel_for({name}, {len(st['chunks'])})")
             return
         if kind == "wgemm":
-            ldb, ldc, lo, hi, acc = (int(v) for v in st["args"])
+            ldc, lo, hi, acc = (int(v) for v in st["args"])
             b, c = st["b"], st["c"]
             self.lines.append(
-                f"{ind}wgemm(w{int(st['w'])}, {self.array(b)}, {self.offset(b)}, {ldb}, {self.array(c)}, "
-                f"{self.offset(c)}, {ldc}, {lo}, {hi}, {acc})")
+                f"{ind}wgemm(w{int(st['w'])}, {self.array(b)}, {self.offset(b)}, R{int(st['rows'])}, "
+                f"{self.array(c)}, {self.offset(c)}, {ldc}, {lo}, {hi}, {acc})")
             return
         if kind == "gemm":
             m, n, k, lda, ldb, ldc = (int(v) for v in st["args"])
@@ -345,6 +345,10 @@ class Emitter:
         self.lines.append(f"    return [{', '.join(rets)}]")
         del n_out
         literals = "".join(f"{name} = {_float(float.fromhex(key))}\n" for key, name in self.literals.items())
+        tables = "".join(
+            f"R{i} = Rows({tuple(tuple(int(v) for v in seg) for seg in segs)!r})\n" for i, segs in enumerate(p["rows"]))
+        if tables:
+            literals += "# indirect GEMM row tables: (start, count, stride) runs of B's rows\n" + tables
         header = _HEADER.format(version=__version__, codegen=CODEGEN_VERSION, region=safe_comment(self.region))
         parts = [header]
         if literals:

@@ -233,6 +233,8 @@ class Lowering:
         self.slots: list[Slot] = []
         self.weights: list[tuple[Ref, int, int, int]] = []  # GEMM left operands: (ref, m, k, ld)
         self.weight_index: dict[tuple, int] = {}
+        self.row_tables: list[list[list[int]]] = []
+        self.rows_index: dict[tuple, int] = {}
         threads = self.options["threads"]
         if threads is None:
             from byoc.kernels import threads as policy
@@ -672,58 +674,56 @@ class Lowering:
                               + epi(raw, 0, m0, m1))
         else:
             if strategy == "shift":
+                # one indirect GEMM per group over the zero-padded input: K = taps x channels,
+                # row (tap, c) of B is channel c's padded plane shifted by the tap
                 hp, wp = h + pt + pb, w + pl + pr
                 ldp = hp * wp + (kw - 1) * dw
-                ncols, ldb = oh * wp, ldp
-                taps = wt.reshape(group, mg, cg, kh, kw).transpose(0, 3, 4, 1, 2).reshape(group, kh * kw, mg, cg)
-                wref = self.pack(taps)
+                ncols, row_width = oh * wp, wp
+                kdim = kh * kw * cg
+                wref = self.pack(wt.reshape(group, mg, cg, kh, kw).transpose(0, 1, 3, 4, 2).reshape(group, mg, kdim))
                 xp = Ref(self.scratch(c * ldp))
                 for c0, c1 in split(c, nt, 1):
                     pre.append({"kind": "pad", "x": xn.at(c0 * h * w), "y": xp.at(c0 * ldp),
                                 "args": [c1 - c0, h, w, ldp, hp, wp, pt, pl]})
                 acc_ref = Ref(self.scratch(m * ncols))
                 acc = (acc_ref, [0, ncols, wp, 1])
-                row_width = wp
-                # (weight offset, B offset) per tap; tap t of group g reads the padded input shifted
-                mats = [[((g * kh * kw + t) * mg * cg, g * cg * ldp + (t // kw) * dh * wp + (t % kw) * dw)
-                         for t in range(kh * kw)] for g in range(group)]
-                kdim, c_ref, ldc = cg, acc_ref, ncols
+                segments = [[(t // kw) * dh * wp + (t % kw) * dw, cg, ldp] for t in range(kh * kw)]
+                b_group, c_ref, ldc = (lambda g: xp.at(g * cg * ldp)), acc_ref, ncols
             elif strategy == "pointwise":
+                kdim = cg
                 wref = self.pack(wt.reshape(group, mg, cg))
                 src, ldb = xn, h * w
                 if sh != 1 or sw != 1:
                     sub = Ref(self.scratch(c * oh * ow))
                     pre.append({"kind": "subsample", "x": xn, "y": sub, "args": [c, h, w, sh, sw, oh, ow]})
                     src, ldb = sub, oh * ow
-                xp, ncols, row_width = src, oh * ow, ow
-                mats = [[(g * mg * cg, g * cg * ldb)] for g in range(group)]
-                kdim, acc, c_ref, ldc = cg, (tn, out_strides), tn, oh * ow
+                ncols, row_width = oh * ow, ow
+                segments = [[0, cg, ldb]]
+                b_group, acc, c_ref, ldc = (lambda g: src.at(g * cg * ldb)), (tn, out_strides), tn, oh * ow
             else:  # im2col
-                krows = cg * kh * kw
-                wref = self.pack(wt.reshape(group, mg, krows))
-                kdim, acc, c_ref, ldc, ncols, row_width = krows, (tn, out_strides), tn, oh * ow, oh * ow, ow
+                kdim = cg * kh * kw
+                wref = self.pack(wt.reshape(group, mg, kdim))
+                acc, ncols = (tn, out_strides), oh * ow
             raw = epilogue(acc)
-            columns = group == 1 and ncols >= 256 * nt and nt > 1
             if strategy == "im2col":
-                chunks, pre = self._im2col_chunks(xn, wref, p, group, mg, kdim, tn, raw, nt, epi)
-            elif group > 1:
-                # whole groups per chunk
-                for g0, g1 in split(group, 2 * nt if nt > 1 else 1, 1):
-                    steps = []
-                    for g in range(g0, g1):
-                        wi = [self.weight(wref.at(off), mg, kdim, kdim) for off, _ in mats[g]]
-                        steps += self._taps(wi, mats[g], xp, ldb, c_ref.at(g * mg * ldc), ldc, 0, ncols)
-                    chunks.append(steps + epi(raw, 0, g0 * mg, g1 * mg))
-            elif columns:
-                for r0, r1 in split(oh, 2 * nt, 1):
-                    wi = [self.weight(wref.at(off), m, kdim, kdim) for off, _ in mats[0]]
-                    lo, hi = r0 * row_width, min(ncols, r1 * row_width)
-                    chunks.append(self._taps(wi, mats[0], xp, ldb, c_ref, ldc, lo, hi) + epi(raw, 1, r0, r1))
+                chunks = self._im2col_chunks(xn, wref, p, group, mg, kdim, tn, raw, nt, epi)
             else:
-                for m0, m1 in split(m, nt, 8):
-                    wi = [self.weight(wref.at(off + m0 * kdim), m1 - m0, kdim, kdim) for off, _ in mats[0]]
-                    chunks.append(self._taps(wi, mats[0], xp, ldb, c_ref.at(m0 * ldc), ldc, 0, ncols)
-                                  + epi(raw, 0, m0, m1))
+                rows = self.rows(segments)
+
+                def gemm(g: int, m0: int, m1: int, lo: int, hi: int) -> dict[str, Any]:
+                    wi = self.weight(wref.at((g * mg + m0) * kdim), m1 - m0, kdim, kdim)
+                    return {"kind": "wgemm", "w": wi, "b": b_group(g), "c": c_ref.at((g * mg + m0) * ldc),
+                            "rows": rows, "args": [ldc, lo, hi, 0]}
+
+                if group > 1:  # whole groups per chunk
+                    for g0, g1 in split(group, 2 * nt if nt > 1 else 1, 1):
+                        chunks.append([gemm(g, 0, mg, 0, ncols) for g in range(g0, g1)] + epi(raw, 0, g0 * mg, g1 * mg))
+                elif nt > 1 and ncols >= 256 * nt:  # wide: blocks of output rows
+                    for r0, r1 in split(oh, 2 * nt, 1):
+                        chunks.append([gemm(0, 0, m, r0 * row_width, min(ncols, r1 * row_width))] + epi(raw, 1, r0, r1))
+                else:  # narrow: blocks of output channels
+                    for m0, m1 in split(m, nt, 8):
+                        chunks.append([gemm(0, m0, m1, 0, ncols)] + epi(raw, 0, m0, m1))
         body = _par(pre) + _par(chunks)
         info = {"node": node.name, "strategy": strategy}
         if n == 1:
@@ -735,30 +735,34 @@ class Lowering:
         steps[0]["info"] = info
         return steps
 
-    def _taps(self, weights: list[int], mats, b: Ref, ldb: int, c: Ref, ldc: int, lo: int, hi: int):
-        """One GEMM per kernel tap (one for pointwise), accumulating into ``c``'s columns [lo, hi)."""
-        return [{"kind": "wgemm", "w": wi, "b": b.at(boff), "c": c, "args": [ldb, ldc, lo, hi, int(t > 0)]}
-                for t, (wi, (_, boff)) in enumerate(zip(weights, mats))]
+    def rows(self, segments: list[list[int]]) -> int:
+        """A row table of an indirect GEMM: ``[start, count, stride]`` runs of B's rows."""
+        key = tuple(tuple(int(v) for v in seg) for seg in segments)
+        if key not in self.rows_index:
+            self.rows_index[key] = len(self.row_tables)
+            self.row_tables.append([list(seg) for seg in key])
+        return self.rows_index[key]
 
     def _im2col_chunks(self, xn: Ref, wref: Ref, p, group, mg, krows, tn: Ref, raw, nt, epi):
         """Patch matrices per block of output rows; blocks run in parallel, each with its own buffer."""
-        c, h, w, oh, ow, cg = p["c"], p["h"], p["w"], p["oh"], p["ow"], p["cg"]
+        h, w, oh, ow, cg = p["h"], p["w"], p["oh"], p["ow"], p["cg"]
         geo = [p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"], p["pt"], p["pl"], ow]
         rows_cap = max(1, COL_BLOCK // max(1, krows * ow))
         parts = max(2 * nt if nt > 1 else 1, -(-oh // rows_cap))
         chunks = []
         for r0, r1 in split(oh, parts, 1):
-            col = Ref(self.scratch(krows * (r1 - r0) * ow))
+            width = (r1 - r0) * ow
+            col = Ref(self.scratch(krows * width))
+            rows = self.rows([[0, krows, width]])
             steps = []
             for g in range(group):
                 wi = self.weight(wref.at(g * mg * krows), mg, krows, krows)
                 steps.append({"kind": "im2col", "x": xn.at(g * cg * h * w), "y": col,
                               "args": [cg, h, w] + geo + [r0, r1]})
                 steps.append({"kind": "wgemm", "w": wi, "b": col, "c": tn.at(g * mg * oh * ow + r0 * ow),
-                              "args": [(r1 - r0) * ow, oh * ow, 0, (r1 - r0) * ow, 0]})
+                              "rows": rows, "args": [oh * ow, 0, width, 0]})
             chunks.append(steps + epi(raw, 1, r0, r1))
-        del c
-        return chunks, []
+        return chunks
 
     def conv_strategy(self, p: dict[str, Any]) -> str:
         pointwise = p["kh"] == 1 and p["kw"] == 1 and not (p["pt"] or p["pl"] or p["pb"] or p["pr"])
@@ -970,6 +974,7 @@ class Lowering:
             "consts": [{"shape": list(a.shape), "size": int(a.size)} for a in self.consts],
             "arena": total,
             "weights": [{"ref": _ref_json(r), "m": m, "k": k, "ld": ld} for r, m, k, ld in self.weights],
+            "rows": self.row_tables,
             "steps": [_serialise(st) for st in steps],
         }
         return program

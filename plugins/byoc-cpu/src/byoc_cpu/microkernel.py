@@ -1,20 +1,25 @@
-"""The plugin's float32 GEMM: packed weights times an activation matrix read in place.
+"""The plugin's float32 GEMM: packed weights times an activation matrix found through a row table.
 
-``C[m, j_lo:j_hi] (+)= A @ B[:, j_lo:j_hi]``, where ``A`` (the constant: a convolution's
-weights) was packed once at load time by :func:`pack`, and ``B`` and ``C`` are blocks of flat
-float32 buffers (element offset + leading dimension), so a chunk of a convolution can multiply
-straight out of the padded input and into its accumulator.
+``C[m, j_lo:j_hi] (+)= A @ B[:, j_lo:j_hi]`` where ``A`` (m, k) is a constant (a convolution's
+weights) packed once at load time by :func:`pack`, and row ``kk`` of ``B`` starts at
+``b[bo + rows[kk]]``: an *indirect* GEMM. With ``rows[kk] = kk * ldb`` that is a plain
+row-major matrix (1x1 convolutions, im2col patches); a KxK convolution instead lists, for tap
+``t`` and channel ``c``, where channel ``c`` of the zero-padded input starts shifted by the tap
+(``c * plane + di * row + dj``), so the whole convolution is one GEMM with ``k = K*K*C``
+straight out of the padded input: no patch matrix, and the accumulators stay in registers
+across every tap.
 
 The inner loop is one register tile: ``MR`` rows of ``A`` times ``NR`` columns of ``B``, kept in
 ``MR * NR / W`` vector registers of ``W`` floats, one fused multiply-add per register per step
-of ``k``. It is written as LLVM IR (a Numba intrinsic) because Numba has no vector type; the
-accumulators live in ``alloca`` slots that LLVM promotes to registers. ``W`` is 16 (one AVX-512
-register) where the CPU has AVX-512, which is the only case the generated code uses it for
-(:data:`AVAILABLE`); elsewhere OpenBLAS is the better GEMM and the plugin calls it instead.
+of ``k``, all of ``k`` at once (the packed panel, ``k * MR`` floats, is read straight through).
+It is written as LLVM IR (a Numba intrinsic) because Numba has no vector type; the accumulators
+live in ``alloca`` slots that LLVM promotes to registers. A partial tile (fewer than ``NR``
+columns left) uses masked loads and stores instead of copying. ``W`` is 16 floats (one AVX-512
+register): the generated code uses this GEMM only where the CPU has AVX-512 (:data:`AVAILABLE`);
+elsewhere OpenBLAS is the better choice and :func:`byoc_cpu.blas.wgemm` calls it instead.
 
-Packed layout (the idea every BLIS-style GEMM uses): depth blocks of ``KC``, inside each
-``ceil(m / MR)`` panels of ``MR`` rows, each panel ``kc x MR`` with the ``MR`` values of one
-``k`` side by side; rows past ``m`` are zero.
+Packed layout: ``ceil(m / MR)`` panels of ``MR`` rows, each ``k x MR`` with the ``MR`` values of
+one ``kk`` side by side; rows past ``m`` are zero.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 MR = 8  # rows of A per register tile (part of the packed layout)
-KC = 256  # depth block (part of the packed layout)
 W = 16  # floats per vector register
 NV = 2  # vector registers per tile row
 NR = W * NV  # columns of B per register tile
@@ -37,8 +41,7 @@ def _has_avx512() -> bool:
     try:
         from llvmlite import binding as llvm
 
-        features = llvm.get_host_cpu_features()
-        return bool(features.get("avx512f", False))
+        return bool(llvm.get_host_cpu_features().get("avx512f", False))
     except Exception:  # pragma: no cover - exotic platforms
         return False
 
@@ -47,78 +50,120 @@ def _has_avx512() -> bool:
 AVAILABLE = _has_avx512()
 
 
-@intrinsic
-def _tile(typingctx, kc, a, ao, b, bo, ldb, c, co, ldc, accumulate):
-    """``c[co + i*ldc + j] (+)= sum_k a[ao + k*MR + i] * b[bo + k*ldb + j]``, ``i < MR``, ``j < NR``."""
-    sig = types.void(types.int64, a, types.int64, b, types.int64, types.int64, c, types.int64, types.int64,
-                     types.int64)
+def _make_tile(masked: bool):
+    @intrinsic
+    def tile(typingctx, kc, a, ao, b, bo, rows, ro, c, co, ldc, cols, accumulate, pf):
+        """``c[co + i*ldc + j] (+)= sum_kk a[ao + kk*MR + i] * b[bo + rows[ro + kk] + j]``,
+        ``i < MR``, ``j < NR`` (``j < cols`` when masked). With ``pf`` > 0, each step also
+        prefetches ``a[pf + kk*MR]``: the next panel, while this one computes."""
+        sig = types.void(types.int64, a, types.int64, b, types.int64, rows, types.int64, c, types.int64,
+                         types.int64, types.int64, types.int64, types.int64)
 
-    def codegen(context, builder, signature, args):
-        kc_v, a_v, ao_v, b_v, bo_v, ldb_v, c_v, co_v, ldc_v, acc_v = args
-        f32 = ir.FloatType()
-        i64 = ir.IntType(64)
-        vec = ir.VectorType(f32, W)
-        vptr = vec.as_pointer()
-        pa = builder.gep(context.make_array(signature.args[1])(context, builder, a_v).data, [ao_v])
-        pb = builder.gep(context.make_array(signature.args[3])(context, builder, b_v).data, [bo_v])
-        pc = builder.gep(context.make_array(signature.args[6])(context, builder, c_v).data, [co_v])
-        fma_name = f"llvm.fma.v{W}f32"
-        fma = builder.module.globals.get(fma_name) or ir.Function(
-            builder.module, ir.FunctionType(vec, [vec, vec, vec]), name=fma_name)
-        zero = ir.Constant(vec, [0.0] * W)
-        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(MR * NV)]
-        splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), W), [0] * W)
-        with cgutils.for_range(builder, kc_v) as loop:
-            k = loop.index
-            brow = builder.gep(pb, [builder.mul(k, ldb_v)])
-            bvec = [builder.load(builder.bitcast(builder.gep(brow, [ir.Constant(i64, v * W)]), vptr), align=4)
-                    for v in range(NV)]
-            arow = builder.gep(pa, [builder.mul(k, ir.Constant(i64, MR))])
-            for i in range(MR):
-                av = builder.load(builder.gep(arow, [ir.Constant(i64, i)]), align=4)
-                one = builder.insert_element(ir.Constant(vec, ir.Undefined), av, ir.Constant(ir.IntType(32), 0))
-                splat = builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), splat_mask)
+        def codegen(context, builder, signature, args):
+            kc_v, a_v, ao_v, b_v, bo_v, r_v, ro_v, c_v, co_v, ldc_v, cols_v, acc_v, pf_v = args
+            f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
+            vec = ir.VectorType(f32, W)
+            vptr = vec.as_pointer()
+            arr = context.make_array
+            pa = builder.gep(arr(signature.args[1])(context, builder, a_v).data, [ao_v])
+            pb = builder.gep(arr(signature.args[3])(context, builder, b_v).data, [bo_v])
+            pr = builder.gep(arr(signature.args[5])(context, builder, r_v).data, [ro_v])
+            pc = builder.gep(arr(signature.args[7])(context, builder, c_v).data, [co_v])
+            mod = builder.module
+
+            def intr(name, ret, params):
+                return mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ret, params), name=name)
+
+            fma = intr(f"llvm.fma.v{W}f32", vec, [vec, vec, vec])
+            i8p = ir.IntType(8).as_pointer()
+            prefetch = intr("llvm.prefetch.p0i8", ir.VoidType(), [i8p, i32, i32, i32])
+            pa0 = arr(signature.args[1])(context, builder, a_v).data
+            do_pf = builder.icmp_signed(">", pf_v, ir.Constant(i64, 0))
+            zero = ir.Constant(vec, [0.0] * W)
+            masks = []
+            if masked:
+                mvec = ir.VectorType(ir.IntType(1), W)
+                mload = intr(f"llvm.masked.load.v{W}f32.p0v{W}f32", vec, [vptr, i32, mvec, vec])
+                mstore = intr(f"llvm.masked.store.v{W}f32.p0v{W}f32", ir.VoidType(), [vec, vptr, i32, mvec])
+                lanes = ir.Constant(ir.VectorType(i64, W), list(range(W)))
                 for v in range(NV):
-                    slot = accs[i * NV + v]
-                    builder.store(builder.call(fma, [splat, bvec[v], builder.load(slot)]), slot)
-        add = builder.icmp_signed("!=", acc_v, ir.Constant(i64, 0))
-        for i in range(MR):
-            row = builder.gep(pc, [builder.mul(ir.Constant(i64, i), ldc_v)])
-            for v in range(NV):
-                ptr = builder.bitcast(builder.gep(row, [ir.Constant(i64, v * W)]), vptr)
-                val = builder.load(accs[i * NV + v])
-                old = builder.select(add, builder.load(ptr, align=4), zero)
-                builder.store(builder.fadd(old, val), ptr, align=4)
-        return context.get_dummy_value()
+                    left = builder.sub(cols_v, ir.Constant(i64, v * W))
+                    splat = builder.shuffle_vector(
+                        builder.insert_element(ir.Constant(ir.VectorType(i64, W), ir.Undefined), left,
+                                               ir.Constant(i32, 0)),
+                        ir.Constant(ir.VectorType(i64, W), ir.Undefined), ir.Constant(ir.VectorType(i32, W), [0] * W))
+                    masks.append(builder.icmp_signed("<", lanes, splat))
 
-    return sig, codegen
+            def load(ptr, v):
+                if masked:
+                    return builder.call(mload, [ptr, ir.Constant(i32, 4), masks[v], zero])
+                return builder.load(ptr, align=4)
 
+            def store(val, ptr, v):
+                if masked:
+                    builder.call(mstore, [val, ptr, ir.Constant(i32, 4), masks[v]])
+                else:
+                    builder.store(val, ptr, align=4)
+
+            accs = [cgutils.alloca_once_value(builder, zero) for _ in range(MR * NV)]
+            splat_mask = ir.Constant(ir.VectorType(i32, W), [0] * W)
+            with cgutils.for_range(builder, kc_v) as loop:
+                k = loop.index
+                brow = builder.gep(pb, [builder.load(builder.gep(pr, [k]))])
+                bvec = [load(builder.bitcast(builder.gep(brow, [ir.Constant(i64, v * W)]), vptr), v)
+                        for v in range(NV)]
+                arow = builder.gep(pa, [builder.mul(k, ir.Constant(i64, MR))])
+                with builder.if_then(do_pf, likely=False):
+                    ahead = builder.gep(pa0, [builder.add(pf_v, builder.mul(k, ir.Constant(i64, MR)))])
+                    builder.call(prefetch, [builder.bitcast(ahead, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
+                                            ir.Constant(i32, 1)])
+                for i in range(MR):
+                    av = builder.load(builder.gep(arow, [ir.Constant(i64, i)]), align=4)
+                    one = builder.insert_element(ir.Constant(vec, ir.Undefined), av, ir.Constant(i32, 0))
+                    splat = builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), splat_mask)
+                    for v in range(NV):
+                        slot = accs[i * NV + v]
+                        builder.store(builder.call(fma, [splat, bvec[v], builder.load(slot)]), slot)
+            add = builder.icmp_signed("!=", acc_v, ir.Constant(i64, 0))
+            for i in range(MR):
+                row = builder.gep(pc, [builder.mul(ir.Constant(i64, i), ldc_v)])
+                for v in range(NV):
+                    ptr = builder.bitcast(builder.gep(row, [ir.Constant(i64, v * W)]), vptr)
+                    val = builder.load(accs[i * NV + v])
+                    with builder.if_then(add):
+                        builder.store(builder.fadd(load(ptr, v), val), accs[i * NV + v])
+                    store(builder.load(accs[i * NV + v]), ptr, v)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+_tile = _make_tile(masked=False)
+_tile_masked = _make_tile(masked=True)
 
 _jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 U = np.uint64  # unsigned indices: no negative-index wraparound in the loops
 
 
 def packed_size(m: int, k: int) -> int:
-    return max(1, -(-k // KC)) * -(-m // MR) * KC * MR
+    return -(-m // MR) * MR * k
 
 
 @_jit
 def pack_into(w, wo, m, k, ld, out):
     """Pack the (m, k) matrix at ``w[wo:]`` (row stride ``ld``) into ``out`` (:func:`packed_size`)."""
-    mp = (m + MR - 1) // MR
-    for pcb in range((k + KC - 1) // KC):
-        pc = pcb * KC
-        kc = min(KC, k - pc)
-        for ip in range(mp):
-            base = (pcb * mp + ip) * KC * MR
-            i0 = ip * MR
-            im = min(MR, m - i0)
-            for kk in range(kc):
-                o = base + kk * MR
-                for i in range(im):
-                    out[U(o + i)] = w[U(wo + (i0 + i) * ld + pc + kk)]
-                for i in range(im, MR):
-                    out[U(o + i)] = 0.0
+    for ip in range((m + MR - 1) // MR):
+        base = ip * k * MR
+        i0 = ip * MR
+        im = min(MR, m - i0)
+        for kk in range(k):
+            o = base + kk * MR
+            for i in range(im):
+                out[U(o + i)] = w[U(wo + (i0 + i) * ld + kk)]
+            for i in range(im, MR):
+                out[U(o + i)] = 0.0
 
 
 def pack(w: np.ndarray, wo: int, m: int, k: int, ld: int) -> np.ndarray:
@@ -128,44 +173,53 @@ def pack(w: np.ndarray, wo: int, m: int, k: int, ld: int) -> np.ndarray:
 
 
 @_jit
-def gemm(ap, m, k, b, bo, ldb, c, co, ldc, j_lo, j_hi, accumulate):
-    """``C[:, j_lo:j_hi] (+)= A @ B[:, j_lo:j_hi]`` with ``A`` packed; B at ``b[bo:]`` (row stride
-    ``ldb``), C at ``c[co:]`` (row stride ``ldc``). ``accumulate=0`` overwrites C."""
+def _tile_any(k, ap, aoff, b, bo, rows, c, co, ldc, cols, accumulate, m, i0, tile, pf):
+    if i0 + MR <= m:
+        if cols == NR:
+            _tile(k, ap, aoff, b, bo, rows, 0, c, co, ldc, cols, accumulate, pf)
+        else:
+            _tile_masked(k, ap, aoff, b, bo, rows, 0, c, co, ldc, cols, accumulate, pf)
+    else:  # the last rows: through a tile buffer
+        _tile_masked(k, ap, aoff, b, bo, rows, 0, tile, 0, NR, cols, 0, pf)
+        for i in range(m - i0):
+            dst = co + i * ldc
+            if accumulate:
+                for j in range(cols):
+                    c[U(dst + j)] += tile[U(i * NR + j)]
+            else:
+                for j in range(cols):
+                    c[U(dst + j)] = tile[U(i * NR + j)]
+
+
+@_jit
+def gemm(ap, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, accumulate):
+    """Columns ``[j_lo, j_hi)`` of ``C (+)= A @ B``: ``A`` packed, row ``kk`` of ``B`` at
+    ``b[bo + rows[kk]:]``, C at ``c[co:]`` with row stride ``ldc``; ``accumulate=0`` overwrites.
+
+    Either operand is re-read for every tile of the other: column tiles outermost re-read A
+    once per ``NR`` columns, row panels outermost re-read B once per ``MR`` rows. The order
+    that moves fewer bytes is taken (wide activations: columns outer; the narrow outputs of
+    deep layers, whose weights are the big operand: panels outer).
+    """
     mp = (m + MR - 1) // MR
+    nt = (j_hi - j_lo + NR - 1) // NR
     tile = np.empty(MR * NR, np.float32)
-    bt = np.empty(KC * NR, np.float32)
-    for pcb in range((k + KC - 1) // KC):
-        pc = pcb * KC
-        kc = min(KC, k - pc)
-        add = 1 if (accumulate or pcb > 0) else 0
+    if m * nt <= (j_hi - j_lo) * mp:  # A (m x k) re-read nt times <= B (k x n) re-read mp times
         for j0 in range(j_lo, j_hi, NR):
-            jn = min(NR, j_hi - j0)
-            full_cols = jn == NR
-            if not full_cols:  # a partial column panel: zero-padded copy of B
-                for kk in range(kc):
-                    src = bo + (pc + kk) * ldb + j0
-                    for j in range(jn):
-                        bt[U(kk * NR + j)] = b[U(src + j)]
-                    for j in range(jn, NR):
-                        bt[U(kk * NR + j)] = 0.0
+            cols = min(NR, j_hi - j0)
             for ip in range(mp):
                 i0 = ip * MR
-                aoff = (pcb * mp + ip) * KC * MR
-                if full_cols and i0 + MR <= m:
-                    _tile(kc, ap, aoff, b, bo + pc * ldb + j0, ldb, c, co + i0 * ldc + j0, ldc, add)
-                else:
-                    if full_cols:
-                        _tile(kc, ap, aoff, b, bo + pc * ldb + j0, ldb, tile, 0, NR, 0)
-                    else:
-                        _tile(kc, ap, aoff, bt, 0, NR, tile, 0, NR, 0)
-                    for i in range(min(MR, m - i0)):
-                        dst = co + (i0 + i) * ldc + j0
-                        if add:
-                            for j in range(jn):
-                                c[U(dst + j)] += tile[U(i * NR + j)]
-                        else:
-                            for j in range(jn):
-                                c[U(dst + j)] = tile[U(i * NR + j)]
+                _tile_any(k, ap, ip * k * MR, b, bo + j0, rows, c, co + i0 * ldc + j0, ldc, cols, accumulate,
+                          m, i0, tile, 0)
+    else:
+        # weights streamed once, panel by panel: the first tile of a panel prefetches the next
+        for ip in range(mp):
+            i0 = ip * MR
+            for j0 in range(j_lo, j_hi, NR):
+                cols = min(NR, j_hi - j0)
+                pf = (ip + 1) * k * MR if (j0 == j_lo and ip + 1 < mp) else 0
+                _tile_any(k, ap, ip * k * MR, b, bo + j0, rows, c, co + i0 * ldc + j0, ldc, cols, accumulate,
+                          m, i0, tile, pf)
 
 
-__all__ = ["AVAILABLE", "KC", "MR", "NR", "gemm", "pack", "pack_into", "packed_size"]
+__all__ = ["AVAILABLE", "MR", "NR", "gemm", "pack", "pack_into", "packed_size"]

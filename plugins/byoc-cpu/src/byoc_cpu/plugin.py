@@ -35,6 +35,9 @@ OPTIONS = {
     "concat_in_place": True,
     # "auto" picks per Conv; "im2col" / "shift" / "direct" force one (for tests and comparisons)
     "conv_strategy": "auto",
+    # how many threads the generated code splits GEMMs and loops for (None: byoc's pool size, which
+    # BYOC_NUM_THREADS sets); the chunks run on byoc's pool (byoc.kernels.threads.parallel_for)
+    "threads": None,
     # where generated modules and Numba's machine code are cached (None: $BYOC_CPU_CACHE or ~/.cache/byoc/cpu)
     "cache_dir": None,
 }

@@ -78,7 +78,7 @@ def _shape(v: Any, where: str) -> int:
 class _Checker:
     def __init__(self, program: dict[str, Any]):
         p = _dict(program, "program", {"version", "region", "inputs", "outputs", "out_sizes", "consts", "arena",
-                                       "steps", "weights"})
+                                       "steps", "weights", "rows"})
         if p["version"] != PROGRAM_VERSION:
             raise _fail("program", f"version {p['version']!r}, this plugin reads version {PROGRAM_VERSION}")
         if not isinstance(p["region"], str):
@@ -116,6 +116,19 @@ class _Checker:
                 raise _fail(where, "a weight is a block of a constant")
             self.ref(wt["ref"], f"{where}.ref", (m - 1) * ld + k, 1, False)
             self.weights.append((m, k))
+        self.rows = []
+        for i, segs in enumerate(_list(p["rows"], "rows")):
+            where = f"rows[{i}]"
+            total, reach = 0, 0
+            for seg in _list(segs, where):
+                start, count, stride = (_int(x, where) for x in _list(seg, where, 3))
+                if count < 1:
+                    raise _fail(where, "empty run")
+                total += count
+                reach = max(reach, start + (count - 1) * stride)
+            if total == 0:
+                raise _fail(where, "no rows")
+            self.rows.append((total, reach))
 
     def ref(self, ref: Any, where: str, extent: int, count: int, write: bool) -> None:
         _list(ref, where, 4)
@@ -239,15 +252,18 @@ class _Checker:
             self.ref(st[name], f"{where}.{name}", (rows - 1) * ld + cols, count, write)
 
     def wgemm(self, st: dict, where: str, count: int) -> None:
-        _dict(st, where, {"kind", "w", "b", "c", "args"}, {"info"})
-        wi = _int(st["w"], f"{where}.w")
-        if wi >= len(self.weights):
-            raise _fail(f"{where}.w", "no such weight")
+        _dict(st, where, {"kind", "w", "b", "c", "rows", "args"}, {"info"})
+        wi, ri = _int(st["w"], f"{where}.w"), _int(st["rows"], f"{where}.rows")
+        if wi >= len(self.weights) or ri >= len(self.rows):
+            raise _fail(where, "no such weight or row table")
         m, k = self.weights[wi]
-        ldb, ldc, lo, hi, acc = (_int(v, f"{where}.args") for v in _list(st["args"], f"{where}.args", 5))
-        if not lo < hi <= min(ldb, ldc) or acc > 1:
+        total, reach = self.rows[ri]
+        if total != k:
+            raise _fail(where, f"the row table has {total} rows, the weight {k} columns")
+        ldc, lo, hi, acc = (_int(v, f"{where}.args") for v in _list(st["args"], f"{where}.args", 4))
+        if not lo < hi <= ldc or acc > 1:
             raise _fail(f"{where}.args", "bad column range or flag")
-        self.ref(st["b"], f"{where}.b", (k - 1) * ldb + hi, count, False)
+        self.ref(st["b"], f"{where}.b", reach + hi, count, False)
         self.ref(st["c"], f"{where}.c", (m - 1) * ldc + hi, count, True)
 
     def fixed(self, st: dict, where: str, count: int) -> None:
