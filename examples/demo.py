@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 import time
 
@@ -38,8 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     compiled = byoc.compile(model, targets=args.target)
     print(f"compiled in {time.perf_counter() - t0:.2f} s: {compiled}")
-    devices = collections.Counter(rec.device for rec in compiled.records.values())
-    print("placement:", ", ".join(f"{d}: {n} nodes" for d, n in devices.most_common()))
+    totals = compiled.report_data()["totals"]
+    print("placement (byoc explain shows every node):")
+    for device, t in totals["by_device"].items():
+        print(f"  {device:<10} {t['nodes']:>5} nodes  {t['regions']:>3} regions  {100 * t['flops_share']:5.1f}% of FLOPs")
+    for name, reason in compiled.options.get("skipped_targets", {}).items():
+        print(f"  skipped target {name}: {reason}")
     for fault in compiled.faults:
         print(f"  fallback: {fault}")
 
