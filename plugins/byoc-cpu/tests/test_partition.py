@@ -124,3 +124,21 @@ def model_k(model):
     from onnx import numpy_helper
 
     return numpy_helper.to_array(model.graph.initializer[0])
+
+
+def test_a_region_of_only_views_compiles_when_asked_directly():
+    """The has_compute rule keeps such regions away, but the code generator still handles one:
+    a view of the region's input returned as its output is copied into an output buffer."""
+    import onnx_ir as ir
+
+    from byoc.partition.types import Region
+    from byoc_cpu import runtime
+    from byoc_cpu.codegen import generate
+
+    model = ir.from_proto(make_model([helper.make_node("Reshape", ["x", "s"], ["y"])], {"x": (2, 6)}, ["y"],
+                                     {"s": np.array([3, 4], dtype=np.int64)}))
+    artifact = generate(Region("views", "cpu", list(model.graph), model=model), {})
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    [y] = runtime.load(artifact, {})(x)
+    np.testing.assert_array_equal(y, x.reshape(3, 4))
+    assert not np.shares_memory(y, x)

@@ -868,7 +868,8 @@ class Lowering:
             if out.is_output and src_root.slot.kind in ("in", "const"):
                 # a view of the region's input would be returned as an output: copy it instead
                 out.parent = None
-                out.slot = Slot("out", out.size)
+                out.slot = self.new_slot(out.size)
+                out.slot.kind = "out"
                 return [self._copy(self.ref(self._val(node.inputs[0])), self.ref(out), out.size)]
             return []
         x = self._val(node.inputs[0])
