@@ -1024,6 +1024,106 @@ def _resize(draw, slots: Slots = NO_SLOTS) -> OpCase:
     return OpCase("Resize", [_t(draw, "float32", x_shape), None, None, sizes], attrs, const=frozenset({1, 2, 3}))
 
 
+@_register("Trilu")
+def _trilu(draw, slots: Slots = NO_SLOTS) -> OpCase:
+    dt = _dtype(draw, slots, 0, ("float32", "int64"))
+    shape = _shape(draw, slots, 0, bst.shapes(2, 4))
+    assume(len(shape) >= 2)
+    k = np.asarray(draw(st.integers(-3, 3)), dtype=np.int64) if _opt(draw, slots, 1) else None
+    return OpCase("Trilu", [_t(draw, dt, shape), k], {"upper": draw(st.integers(0, 1))}, const=frozenset({1}))
+
+
+#: (equation, operand dims as letters); every letter gets one random size
+_EINSUM = ("ij,jk->ik", "bij,bjk->bik", "ij->ji", "ij->i", "i,i->", "ij,ij->ij", "bhqd,bhkd->bhqk", "ii->i",
+           "ij,k->ijk")
+
+
+@_register("Einsum")
+def _einsum(draw, slots: Slots = NO_SLOTS) -> OpCase:
+    eq = draw(st.sampled_from(_EINSUM))
+    lhs = eq.split("->")[0].split(",")
+    sizes = {c: draw(st.integers(1, 4)) for c in sorted(set("".join(lhs)))}
+    if 0 in slots.fixed:
+        fixed = tuple(slots.fixed[0][0])
+        assume(len(fixed) == len(lhs[0]))
+        given: dict[str, int] = {}
+        for c, d in zip(lhs[0], fixed):
+            assume(given.setdefault(c, d) == d)  # "ii": a square operand
+        sizes.update(given)
+    _dtype(draw, slots, 0, F32)
+    arrays = [_t(draw, "float32", tuple(sizes[c] for c in term), -2, 2) for term in lhs]
+    return OpCase("Einsum", arrays, {"equation": eq})
+
+
+@_register("CastLike")
+def _cast_like(draw, slots: Slots = NO_SLOTS) -> OpCase:
+    case = _cast(draw, slots)
+    to = case.attrs["to"]
+    like = np.zeros((), dtype=helper.tensor_dtype_to_np_dtype(to))
+    return OpCase("CastLike", [case.inputs[0], like], const=frozenset({1}))
+
+
+def _unique_rows(rng: np.random.Generator, count: int, dims: Sequence[int]) -> np.ndarray:
+    """``count`` distinct index tuples into ``dims`` (count <= prod(dims))."""
+    flat = rng.permutation(int(np.prod(dims)))[:count]
+    return np.stack(np.unravel_index(flat, tuple(dims)), axis=-1).astype(np.int64)
+
+
+@_register("ScatterElements")
+def _scatter_elements(draw, slots: Slots = NO_SLOTS) -> OpCase:
+    dt = _dtype(draw, slots, 0, ("float32", "int64"))
+    shape = _shape(draw, slots, 0, bst.shapes(1, 3))
+    assume(len(shape) >= 1 and min(shape) >= 1)
+    ax = draw(bst.axis(len(shape)))
+    a = ax % len(shape)
+    k = draw(st.integers(1, shape[a]))
+    idx_shape = tuple(k if i == a else draw(st.integers(1, d)) for i, d in enumerate(shape))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    # distinct targets along the axis: the order of duplicate writes is not what is tested
+    perm = np.argsort(rng.random(idx_shape[:a] + (shape[a],) + idx_shape[a + 1:]), axis=a)
+    idx = np.take(perm, np.arange(k), axis=a).astype(np.int64)
+    idx = np.where(rng.random(idx.shape) < 0.3, idx - shape[a], idx)  # some negative indices
+    reduction = draw(st.sampled_from(["none", "none", "add", "mul", "max", "min"]))
+    attrs = {"axis": ax} if reduction == "none" else {"axis": ax, "reduction": reduction}
+    return OpCase("ScatterElements", [_t(draw, dt, shape), idx, _t(draw, dt, idx_shape)], attrs,
+                  const=frozenset({1}))
+
+
+@_register("ScatterND")
+def _scatter_nd(draw, slots: Slots = NO_SLOTS) -> OpCase:
+    dt = _dtype(draw, slots, 0, ("float32", "int64"))
+    shape = _shape(draw, slots, 0, bst.shapes(1, 3))
+    assume(len(shape) >= 1)
+    q = draw(st.integers(1, len(shape)))
+    n = draw(st.integers(1, int(np.prod(shape[:q]))))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    idx = _unique_rows(rng, n, shape[:q])
+    updates = _t(draw, dt, (n,) + tuple(shape[q:]))
+    return OpCase("ScatterND", [_t(draw, dt, shape), idx, updates], const=frozenset({1}))
+
+
+@_register("NonZero")
+def _nonzero_op(draw, slots: Slots = NO_SLOTS) -> OpCase:
+    dt = _dtype(draw, slots, 0, ("float32", "int32", "bool"))
+    shape = _shape(draw, slots, 0, bst.shapes(1, 3))
+    x = _t(draw, dt, shape, -1, 1, grid=dt == "float32")
+    if dt == "float32":
+        x = np.where(np.abs(x) < 0.5, 0.0, x).astype(np.float32)
+    return OpCase("NonZero", [x])
+
+
+@_register("Range")
+def _range(draw, slots: Slots = NO_SLOTS) -> OpCase:
+    dt = _dtype(draw, slots, 0, ("float32", "int64", "int32"))
+    start = draw(st.integers(-5, 5))
+    delta = draw(st.sampled_from([1, 2, 3, -1, -2]))
+    limit = start + delta * draw(st.integers(0, 8)) + (draw(st.integers(0, abs(delta) - 1)) if abs(delta) > 1 else 0)
+    vals = [np.asarray(v, dtype=dt) for v in (start, limit, delta)]
+    if dt == "float32":
+        vals = [np.asarray(float(v) * 0.5, dtype=dt) for v in vals]
+    return OpCase("Range", vals)
+
+
 # -- quantisation ----------------------------------------------------------------------------------------------
 
 
