@@ -270,7 +270,9 @@ _unary("LeakyRelu", attrs=lambda d: {"alpha": d(st.sampled_from([0.01, 0.1, 0.2,
 _unary("Elu", attrs=lambda d: {"alpha": d(st.sampled_from([0.5, 1.0, 1.5]))})
 _unary("Celu", attrs=lambda d: {"alpha": d(st.sampled_from([0.5, 1.0, 2.0]))})
 _unary("Selu", attrs=lambda d: d(st.sampled_from([{}, {"alpha": 1.5, "gamma": 1.1}])))
-_unary("HardSigmoid", attrs=lambda d: {"alpha": d(st.sampled_from([0.2, 0.5])), "beta": d(st.sampled_from([0.5, 0.3]))})
+# (1/6, 0.5) is PyTorch's hardsigmoid
+_unary("HardSigmoid", attrs=lambda d: d(st.sampled_from([{"alpha": 0.2, "beta": 0.5}, {"alpha": 1 / 6, "beta": 0.5},
+                                                         {"alpha": 0.5, "beta": 0.3}])))
 _unary("ThresholdedRelu", grid=True, attrs=lambda d: {"alpha": d(st.sampled_from([0.0, 0.5, 1.0, 1.5]))})
 _unary("Shrink", grid=True, attrs=lambda d: {"lambd": d(st.sampled_from([0.0, 0.5, 1.0])),
                                              "bias": d(st.sampled_from([0.0, 0.5, 1.5]))})
@@ -444,8 +446,8 @@ def _prelu(draw, slots: Slots = NO_SLOTS) -> OpCase:
 def _clip(draw, slots: Slots = NO_SLOTS) -> OpCase:
     dt = _dtype(draw, slots, 0, ("float32", "int32"))
     x = _t(draw, dt, _shape(draw, slots, 0, bst.shapes(0, 4)), grid=dt != "float32")
-    lo_v = draw(st.sampled_from([-4.0, -1.0, -0.5, 0.0]))
-    hi_v = draw(st.sampled_from([0.5, 1.0, 6.0]))
+    # ReLU6 (0, 6) first: the bounds accelerators fuse
+    lo_v, hi_v = draw(st.sampled_from([(0.0, 6.0), (-1.0, 1.0), (0.0, 1.0), (-4.0, 0.5), (-0.5, 6.0)]))
     lo = np.asarray(lo_v, dtype=dt) if _opt(draw, slots, 1) else None
     hi = np.asarray(hi_v, dtype=dt) if _opt(draw, slots, 2) else None
     return OpCase("Clip", [x, lo, hi], const=frozenset({1, 2}))

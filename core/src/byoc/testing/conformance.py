@@ -12,7 +12,9 @@ Suites (``Requirements`` capability in brackets):
 * operator numerics [operator_numerics]: for every claimed operator, random instances
   (:mod:`byoc.testing.cases`) compiled for the target match the host reference within the
   target's tolerance (:mod:`byoc.testing.tolerance`). An instance the target's support check
-  rejects is not a failure: it is counted as *rejected*, with its reason;
+  rejects is not a failure: it is counted as *rejected*, with its reason. For an integer
+  target (``needs_calibration``) the kit generates the calibration samples, and the reference
+  is byoc's simulation of the quantised regions (:meth:`Conformance.quantised_reference`);
 * pattern numerics [pattern_numerics]: random models matching each registered pattern
   (:mod:`byoc.testing.patterns`);
 * partition invariants [partition_invariants]: random layer DAGs (:mod:`byoc.testing.graphs`)
@@ -55,6 +57,7 @@ import byoc
 from byoc.errors import ByocError
 from byoc.partition.types import Target
 from byoc.plugins import Registry
+from byoc.runtime.subgraph import host_callable
 from byoc.testing.cases import GENERATORS, GraphCase, OpCase, op_cases
 from byoc.testing.graphs import LAYERS, contracted, graph_is_dag, kahn_acyclic, layer_dags
 from byoc.testing.patterns import pattern_cases
@@ -400,6 +403,38 @@ class Conformance:
             warnings.simplefilter("ignore")
             return _outputs(byoc.compile(model, targets=[], passes=list(KIT_PASSES)), feeds, names)
 
+    @property
+    def quantised(self) -> bool:
+        return bool(getattr(self.target, "needs_calibration", False))
+
+    @staticmethod
+    def quantised_reference(cm, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
+        """``cm`` with every region run as byoc's simulation of its quantised body (QDQ on host kernels).
+
+        For an integer target this is what its code generator was asked to compute: the region
+        body after :mod:`byoc.quantize`, with the scales calibration chose (saturation included).
+        """
+        from byoc.runtime.plan import build_plan
+
+        sims = {cr.region.name: host_callable(cr.region.model) for cr in cm.regions}
+
+        def step_factory(node, spec):
+            return sims.get(node.name) if node.domain == "byoc" else None
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = build_plan(cm.model.graph, budget=cm.budget, step_factory=step_factory)
+            out = plan.execute(dict(feeds))
+        return [out[n] for n in names]
+
+    def reference_for(self, cm, feeds: Mapping[str, np.ndarray], names: Sequence[str],
+                      want: list[np.ndarray]) -> list[np.ndarray]:
+        """What the target's outputs are compared with: the host reference, or for an integer target
+        (``needs_calibration``) with regions, :meth:`quantised_reference`."""
+        if self.quantised and cm.regions:
+            return self.quantised_reference(cm, feeds, names)
+        return want
+
     #: perturbed reference runs for the ill-conditioning check (:func:`envelope_accepts`)
     PERTURBATIONS = 4
 
@@ -409,7 +444,7 @@ class Conformance:
         fr = self.req.float_range
         quantised = bool(getattr(self.target, "needs_calibration", False))
         cmp = compare(got, want, rtol=rtol, atol=atol, names=names, float_range=fr, range_relative=quantised)
-        if cmp.ok or rtol <= 0:
+        if cmp.ok or rtol <= 0 or quantised:
             return cmp
         bound = None
         mag = magnitude_model(model)
@@ -491,7 +526,11 @@ class Conformance:
                 return Outcome(REJECTED, f"{rule_note}; alone, the region does not run: {_exc(exc)}")
             where = "on the target" if placed else "on the host"
             return Outcome(FAIL, f"running the compiled model ({where}) raised {_exc(exc)}")
-        cmp = self._compare(pattern or case.label, model, case.feeds, got, want, names)
+        try:
+            ref = self.reference_for(cm, case.feeds, names, want)
+        except Exception as exc:
+            return Outcome(FAIL, f"simulating the quantised regions raised {_exc(exc)}")
+        cmp = self._compare(pattern or case.label, model, case.feeds, got, ref, names)
         if not cmp.ok:
             if not placed:
                 return Outcome("invalid", f"host fallback differs from the host reference: {cmp.message}")
@@ -769,7 +808,11 @@ class Conformance:
             got = _outputs(cm, feeds, names)
         except Exception as exc:
             return Outcome(FAIL, f"running the partitioned model raised {_exc(exc)}")
-        cmp = self._compare("partition", model, feeds, got, want, names)
+        try:
+            ref = self.reference_for(cm, feeds, names, want)
+        except Exception as exc:
+            return Outcome(FAIL, f"simulating the quantised regions raised {_exc(exc)}")
+        cmp = self._compare("partition", model, feeds, got, ref, names)
         if not cmp.ok:
             return Outcome(FAIL, f"outputs differ from the host reference: {cmp.message}", cmp.max_error, cmp.max_ratio)
         try:
@@ -985,7 +1028,8 @@ class Conformance:
                 problems.append(f"{case.label}: {what}: the runtime returned outputs instead of raising an error")
             # the runtime still works after the errors
             try:
-                want = self.host(model, case.feeds, case.outputs)
+                want = self.reference_for(cm, case.feeds, case.outputs,
+                                          self.host(model, case.feeds, case.outputs))
                 got = _outputs(cm, case.feeds, case.outputs)
                 cmp = self._compare(case.label, model, case.feeds, got, want, case.outputs)
                 if not cmp.ok:
