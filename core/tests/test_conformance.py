@@ -621,3 +621,43 @@ def test_guide_examples_run(tmp_path, monkeypatch):
     namespace: dict = {"__name__": "plugin_guide"}
     for i, block in enumerate(blocks):
         exec(compile(block, f"{GUIDE.name} python block {i + 1}", "exec"), namespace)  # noqa: S102
+
+
+# -- integer targets ------------------------------------------------------------------------------------
+
+
+class Int8Emulated(Emulated):
+    """An int8 target: the regions reach it quantised (QDQ); it runs them on the host kernels."""
+
+    NAME = "int8emu"
+
+    @byoc.hookimpl
+    def byoc_register_targets(self, register):
+        register(byoc.Target(self.NAME, version="1.0", device="dpu", rtol=0.05, atol=0.05, needs_calibration=True,
+                             quantization={"activations": "pow2", "weights": "per_tensor"},
+                             api_version=HOOK_API_VERSION))
+
+
+class Int8Off(Int8Emulated):
+    """Bug: every output one quantisation step too high."""
+
+    @byoc.hookimpl
+    def byoc_runtime(self, target, artifact, options):
+        if target != self.NAME:
+            return None
+        fn = host_callable(artifact.data)
+        return lambda *a: [o + np.float32(0.5) for o in fn(*a)]
+
+
+@needs_kernels
+def test_integer_target_gets_calibration_and_the_quantised_reference():
+    if "calibration" not in __import__("inspect").signature(byoc.compile).parameters:
+        pytest.skip("this byoc.compile takes no calibration")
+    report = run_conformance("int8emu", registry=registry_of(Int8Emulated()), examples=4,
+                             suites=["operators", "partition"], operators=["Conv", "Relu"])
+    assert report.ok, report.format()
+    conv = report.results[0]
+    assert conv.passed > 0 and conv.max_error == 0.0  # the reference is the quantised simulation
+    bad = run_conformance("int8emu", registry=registry_of(Int8Off()), examples=4, suites=["operators"],
+                          operators=["Relu"])
+    assert not bad.ok and "got" in bad.results[0].message
