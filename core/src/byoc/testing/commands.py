@@ -50,7 +50,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             print(f"  {mark} {result.suite:<12} {result.name}  ({result.seconds:.1f} s)", file=sys.stderr, flush=True)
 
     report = conf.run(suites, progress)
-    print(report.format(verbose=args.verbose))
+    # with --json - the JSON owns stdout and the table goes to stderr
+    print(report.format(verbose=args.verbose), file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
         text = json.dumps(report.to_json(), indent=1, sort_keys=True) + "\n"
         if args.json == "-":
