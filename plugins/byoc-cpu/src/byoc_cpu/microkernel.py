@@ -6,15 +6,15 @@ weights) packed once at load time by :func:`pack`, and row ``kk`` of ``B`` start
 row-major matrix (1x1 convolutions, im2col patches); a KxK convolution instead lists, for tap
 ``t`` and channel ``c``, where channel ``c`` of the zero-padded input starts shifted by the tap
 (``c * plane + di * row + dj``), so the whole convolution is one GEMM with ``k = K*K*C``
-straight out of the padded input: no patch matrix, and the accumulators stay in registers
-across every tap.
+straight out of the padded input: no patch matrix in memory (only a ``k x NR`` strip at a
+time, packed contiguous), and the accumulators stay in registers across every tap.
 
 The inner loop is one register tile: ``MR`` rows of ``A`` times ``NR`` columns of ``B``, kept in
 ``MR * NR / W`` vector registers of ``W`` floats, one fused multiply-add per register per step
 of ``k``, all of ``k`` at once (the packed panel, ``k * MR`` floats, is read straight through).
 It is written as LLVM IR (a Numba intrinsic) because Numba has no vector type; the accumulators
 live in ``alloca`` slots that LLVM promotes to registers. A partial tile (fewer than ``NR``
-columns left) uses masked loads and stores instead of copying. ``W`` is 16 floats (one AVX-512
+columns left) reads a zero-padded strip and masks its stores to C. ``W`` is 16 floats (one AVX-512
 register): the generated code uses this GEMM only where the CPU has AVX-512 (:data:`AVAILABLE`);
 elsewhere OpenBLAS is the better choice and :func:`byoc_cpu.blas.wgemm` calls it instead.
 
@@ -52,23 +52,24 @@ AVAILABLE = _has_avx512()
 
 def _make_tile(masked: bool):
     @intrinsic
-    def tile(typingctx, kc, a, ao, b, bo, rows, ro, c, co, ldc, cols, accumulate, pf):
-        """``c[co + i*ldc + j] (+)= sum_kk a[ao + kk*MR + i] * b[bo + rows[ro + kk] + j]``,
-        ``i < MR``, ``j < NR`` (``j < cols`` when masked). With ``pf`` > 0, each step also
-        prefetches ``a[pf + kk*MR]``: the next panel, while this one computes."""
-        sig = types.void(types.int64, a, types.int64, b, types.int64, rows, types.int64, c, types.int64,
-                         types.int64, types.int64, types.int64, types.int64)
+    def tile(typingctx, kc, a, ao, b, bo, ldb, c, co, ldc, cols, accumulate, pf):
+        """``c[co + i*ldc + j] (+)= sum_kk a[ao + kk*MR + i] * b[bo + kk*ldb + j]``, ``i < MR``,
+        ``j < NR`` (``j < cols`` when masked: only C is masked, B strips are zero-padded). With
+        ``pf`` > 0, each step also prefetches ``a[pf + kk*MR]``: the next panel, while this one
+        computes."""
+        sig = types.void(types.int64, a, types.int64, b, types.int64, types.int64, c, types.int64, types.int64,
+                         types.int64, types.int64, types.int64)
 
         def codegen(context, builder, signature, args):
-            kc_v, a_v, ao_v, b_v, bo_v, r_v, ro_v, c_v, co_v, ldc_v, cols_v, acc_v, pf_v = args
+            kc_v, a_v, ao_v, b_v, bo_v, ldb_v, c_v, co_v, ldc_v, cols_v, acc_v, pf_v = args
             f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
             vec = ir.VectorType(f32, W)
             vptr = vec.as_pointer()
             arr = context.make_array
-            pa = builder.gep(arr(signature.args[1])(context, builder, a_v).data, [ao_v])
+            pa0 = arr(signature.args[1])(context, builder, a_v).data
+            pa = builder.gep(pa0, [ao_v])
             pb = builder.gep(arr(signature.args[3])(context, builder, b_v).data, [bo_v])
-            pr = builder.gep(arr(signature.args[5])(context, builder, r_v).data, [ro_v])
-            pc = builder.gep(arr(signature.args[7])(context, builder, c_v).data, [co_v])
+            pc = builder.gep(arr(signature.args[6])(context, builder, c_v).data, [co_v])
             mod = builder.module
 
             def intr(name, ret, params):
@@ -77,7 +78,6 @@ def _make_tile(masked: bool):
             fma = intr(f"llvm.fma.v{W}f32", vec, [vec, vec, vec])
             i8p = ir.IntType(8).as_pointer()
             prefetch = intr("llvm.prefetch.p0i8", ir.VoidType(), [i8p, i32, i32, i32])
-            pa0 = arr(signature.args[1])(context, builder, a_v).data
             do_pf = builder.icmp_signed(">", pf_v, ir.Constant(i64, 0))
             zero = ir.Constant(vec, [0.0] * W)
             masks = []
@@ -86,31 +86,19 @@ def _make_tile(masked: bool):
                 mload = intr(f"llvm.masked.load.v{W}f32.p0v{W}f32", vec, [vptr, i32, mvec, vec])
                 mstore = intr(f"llvm.masked.store.v{W}f32.p0v{W}f32", ir.VoidType(), [vec, vptr, i32, mvec])
                 lanes = ir.Constant(ir.VectorType(i64, W), list(range(W)))
+                undef64 = ir.Constant(ir.VectorType(i64, W), ir.Undefined)
                 for v in range(NV):
                     left = builder.sub(cols_v, ir.Constant(i64, v * W))
-                    splat = builder.shuffle_vector(
-                        builder.insert_element(ir.Constant(ir.VectorType(i64, W), ir.Undefined), left,
-                                               ir.Constant(i32, 0)),
-                        ir.Constant(ir.VectorType(i64, W), ir.Undefined), ir.Constant(ir.VectorType(i32, W), [0] * W))
+                    splat = builder.shuffle_vector(builder.insert_element(undef64, left, ir.Constant(i32, 0)),
+                                                   undef64, ir.Constant(ir.VectorType(i32, W), [0] * W))
                     masks.append(builder.icmp_signed("<", lanes, splat))
-
-            def load(ptr, v):
-                if masked:
-                    return builder.call(mload, [ptr, ir.Constant(i32, 4), masks[v], zero])
-                return builder.load(ptr, align=4)
-
-            def store(val, ptr, v):
-                if masked:
-                    builder.call(mstore, [val, ptr, ir.Constant(i32, 4), masks[v]])
-                else:
-                    builder.store(val, ptr, align=4)
 
             accs = [cgutils.alloca_once_value(builder, zero) for _ in range(MR * NV)]
             splat_mask = ir.Constant(ir.VectorType(i32, W), [0] * W)
             with cgutils.for_range(builder, kc_v) as loop:
                 k = loop.index
-                brow = builder.gep(pb, [builder.load(builder.gep(pr, [k]))])
-                bvec = [load(builder.bitcast(builder.gep(brow, [ir.Constant(i64, v * W)]), vptr), v)
+                brow = builder.gep(pb, [builder.mul(k, ldb_v)])
+                bvec = [builder.load(builder.bitcast(builder.gep(brow, [ir.Constant(i64, v * W)]), vptr), align=4)
                         for v in range(NV)]
                 arow = builder.gep(pa, [builder.mul(k, ir.Constant(i64, MR))])
                 with builder.if_then(do_pf, likely=False):
@@ -129,10 +117,15 @@ def _make_tile(masked: bool):
                 row = builder.gep(pc, [builder.mul(ir.Constant(i64, i), ldc_v)])
                 for v in range(NV):
                     ptr = builder.bitcast(builder.gep(row, [ir.Constant(i64, v * W)]), vptr)
-                    val = builder.load(accs[i * NV + v])
                     with builder.if_then(add):
-                        builder.store(builder.fadd(load(ptr, v), val), accs[i * NV + v])
-                    store(builder.load(accs[i * NV + v]), ptr, v)
+                        old = (builder.call(mload, [ptr, ir.Constant(i32, 4), masks[v], zero]) if masked
+                               else builder.load(ptr, align=4))
+                        builder.store(builder.fadd(old, builder.load(accs[i * NV + v])), accs[i * NV + v])
+                    val = builder.load(accs[i * NV + v])
+                    if masked:
+                        builder.call(mstore, [val, ptr, ir.Constant(i32, 4), masks[v]])
+                    else:
+                        builder.store(val, ptr, align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -173,14 +166,14 @@ def pack(w: np.ndarray, wo: int, m: int, k: int, ld: int) -> np.ndarray:
 
 
 @_jit
-def _tile_any(k, ap, aoff, b, bo, rows, c, co, ldc, cols, accumulate, m, i0, tile, pf):
+def _tile_any(k, ap, aoff, bp, bpo, c, co, ldc, cols, accumulate, m, i0, tile, pf):
     if i0 + MR <= m:
         if cols == NR:
-            _tile(k, ap, aoff, b, bo, rows, 0, c, co, ldc, cols, accumulate, pf)
+            _tile(k, ap, aoff, bp, bpo, NR, c, co, ldc, cols, accumulate, pf)
         else:
-            _tile_masked(k, ap, aoff, b, bo, rows, 0, c, co, ldc, cols, accumulate, pf)
+            _tile_masked(k, ap, aoff, bp, bpo, NR, c, co, ldc, cols, accumulate, pf)
     else:  # the last rows: through a tile buffer
-        _tile_masked(k, ap, aoff, b, bo, rows, 0, tile, 0, NR, cols, 0, pf)
+        _tile(k, ap, aoff, bp, bpo, NR, tile, 0, NR, NR, 0, pf)
         for i in range(m - i0):
             dst = co + i * ldc
             if accumulate:
@@ -192,33 +185,52 @@ def _tile_any(k, ap, aoff, b, bo, rows, c, co, ldc, cols, accumulate, m, i0, til
 
 
 @_jit
+def _pack_b(b, bo, rows, k, j0, cols, out, oo):
+    """The ``k x cols`` strip of B at columns ``[j0, j0+cols)``, contiguous, zero-padded to ``NR``."""
+    for kk in range(k):
+        src = bo + rows[kk] + j0
+        dst = oo + kk * NR
+        for j in range(cols):
+            out[U(dst + j)] = b[U(src + j)]
+        for j in range(cols, NR):
+            out[U(dst + j)] = 0.0
+
+
+@_jit
 def gemm(ap, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, accumulate):
     """Columns ``[j_lo, j_hi)`` of ``C (+)= A @ B``: ``A`` packed, row ``kk`` of ``B`` at
     ``b[bo + rows[kk]:]``, C at ``c[co:]`` with row stride ``ldc``; ``accumulate=0`` overwrites.
 
-    Either operand is re-read for every tile of the other: column tiles outermost re-read A
-    once per ``NR`` columns, row panels outermost re-read B once per ``MR`` rows. The order
-    that moves fewer bytes is taken (wide activations: columns outer; the narrow outputs of
-    deep layers, whose weights are the big operand: panels outer).
+    B is copied strip by strip (``k x NR``) into a contiguous buffer first: its rows may lie far
+    apart (a convolution's channel planes), and every panel of A then reads the strip from
+    cache instead of touching ``k`` pages per step. Either operand is re-read for every tile of
+    the other; the order that moves fewer bytes is taken: wide outputs pack one strip at a time
+    and run every panel over it; narrow ones (deep layers, whose weights are the big operand)
+    pack all of B once and stream the weights panel by panel, prefetching the next panel.
     """
     mp = (m + MR - 1) // MR
     nt = (j_hi - j_lo + NR - 1) // NR
     tile = np.empty(MR * NR, np.float32)
     if m * nt <= (j_hi - j_lo) * mp:  # A (m x k) re-read nt times <= B (k x n) re-read mp times
+        bp = np.empty(k * NR, np.float32)
         for j0 in range(j_lo, j_hi, NR):
             cols = min(NR, j_hi - j0)
+            _pack_b(b, bo, rows, k, j0, cols, bp, 0)
             for ip in range(mp):
                 i0 = ip * MR
-                _tile_any(k, ap, ip * k * MR, b, bo + j0, rows, c, co + i0 * ldc + j0, ldc, cols, accumulate,
-                          m, i0, tile, 0)
+                _tile_any(k, ap, ip * k * MR, bp, 0, c, co + i0 * ldc + j0, ldc, cols, accumulate, m, i0, tile, 0)
     else:
-        # weights streamed once, panel by panel: the first tile of a panel prefetches the next
+        bp = np.empty(nt * k * NR, np.float32)
+        for t in range(nt):
+            j0 = j_lo + t * NR
+            _pack_b(b, bo, rows, k, j0, min(NR, j_hi - j0), bp, t * k * NR)
         for ip in range(mp):
             i0 = ip * MR
-            for j0 in range(j_lo, j_hi, NR):
+            for t in range(nt):
+                j0 = j_lo + t * NR
                 cols = min(NR, j_hi - j0)
-                pf = (ip + 1) * k * MR if (j0 == j_lo and ip + 1 < mp) else 0
-                _tile_any(k, ap, ip * k * MR, b, bo + j0, rows, c, co + i0 * ldc + j0, ldc, cols, accumulate,
+                pf = (ip + 1) * k * MR if (t == 0 and ip + 1 < mp) else 0
+                _tile_any(k, ap, ip * k * MR, bp, t * k * NR, c, co + i0 * ldc + j0, ldc, cols, accumulate,
                           m, i0, tile, pf)
 
 

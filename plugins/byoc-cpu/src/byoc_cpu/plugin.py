@@ -48,7 +48,12 @@ _LOOP_BYTES = 10e9
 
 
 def _runtime_path() -> str:
+    """What ``byoc targets`` shows: whose GEMM the generated code calls on this machine."""
     try:
+        from byoc_cpu import microkernel
+
+        if microkernel.AVAILABLE:
+            return "numba, own AVX-512 GEMM"
         from byoc.kernels import threads
 
         return "numba + openblas" if threads.openblas_symbol("cblas_sgemm") is not None else "numba + numpy"
@@ -61,7 +66,7 @@ def byoc_register_targets(register):
     register(Target(
         TARGET,
         version=__version__,
-        description="CPU: regions fused into generated Numba kernels around OpenBLAS GEMMs",
+        description="CPU: each region becomes generated Numba kernels: packed GEMMs with fused epilogues",
         device="cpu",
         options=dict(OPTIONS),
         # float32 throughout; GEMM blocking and fused epilogues reorder sums vs the host kernels
