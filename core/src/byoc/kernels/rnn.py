@@ -143,6 +143,20 @@ class _Common:
         reverse = self.direction == "reverse" or (self.direction == "bidirectional" and d == 1)
         return range(seq - 1, -1, -1) if reverse else range(seq)
 
+    def scan(self, d: int, seq: int, lens, states: tuple, cell):
+        """Run one direction: ``cell(t, *states) -> new states``; returns (Y of this direction, final states).
+
+        Batch entries past their sequence length keep their states and write zeros to Y.
+        """
+        h = states[0]
+        y = np.zeros((seq,) + h.shape, h.dtype)
+        for t in self.step_order(d, seq):
+            new = cell(t, *states)
+            active = _active(lens, t)
+            states = tuple(_mask_update(n, o, active) for n, o in zip(new, states))
+            y[t] = states[0] if active is None else np.where(active[:, None], states[0], 0)
+        return y, states
+
     def finish(self, ys, finals, seq, batch, hidden, dtype):
         y = np.stack(ys, axis=1) if ys else np.zeros((seq, self.n_dirs, batch, hidden), dtype)
         outs = [y] + [np.stack(f, axis=0) for f in finals]
@@ -178,28 +192,24 @@ def make_lstm(spec: NodeSpec):
             xp = _projection(x, w[d], bias)
             rt = np.ascontiguousarray(r[d].T)
             peep = np.zeros((3, hidden), dtype) if p is None else p[d].reshape(3, hidden).astype(dtype)
-            h, c = h_init[d].astype(dtype), c_init[d].astype(dtype)
-            y = np.zeros((seq, batch, hidden), dtype)
             f_act, g_act, h_act = acts[d]
-            for t in common.step_order(d, seq):
+
+            def cell(t, h, c, xp=xp, rt=rt, peep=peep, f_act=f_act, g_act=g_act, h_act=h_act):
                 gates = xp[t] + h @ rt
                 if default:
                     h_new = np.empty_like(h)
                     c_new = np.empty_like(c)
                     _lstm_cell(np.ascontiguousarray(gates), np.ascontiguousarray(c), peep, common.clip,
                                input_forget, h_new, c_new)
-                else:
-                    gi, go, gf, gc = (gates[:, k * hidden:(k + 1) * hidden] for k in range(4))
-                    i = f_act(_clip(gi + peep[0] * c, common.clip))
-                    f = 1 - i if input_forget else f_act(_clip(gf + peep[2] * c, common.clip))
-                    c_new = f * c + i * g_act(_clip(gc, common.clip))
-                    o = f_act(_clip(go + peep[1] * c_new, common.clip))
-                    h_new = (o * h_act(c_new)).astype(dtype)
-                    c_new = c_new.astype(dtype)
-                active = _active(lens, t)
-                h = _mask_update(h_new, h, active)
-                c = _mask_update(c_new, c, active)
-                y[t] = h if active is None else np.where(active[:, None], h, 0)
+                    return h_new, c_new
+                gi, go, gf, gc = (gates[:, k * hidden:(k + 1) * hidden] for k in range(4))
+                i = f_act(_clip(gi + peep[0] * c, common.clip))
+                f = 1 - i if input_forget else f_act(_clip(gf + peep[2] * c, common.clip))
+                c_new = f * c + i * g_act(_clip(gc, common.clip))
+                o = f_act(_clip(go + peep[1] * c_new, common.clip))
+                return (o * h_act(c_new)).astype(dtype), c_new.astype(dtype)
+
+            y, (h, c) = common.scan(d, seq, lens, (h_init[d].astype(dtype), c_init[d].astype(dtype)), cell)
             ys.append(y)
             hs.append(h)
             cs.append(c)
@@ -224,9 +234,8 @@ def make_gru(spec: NodeSpec):
             rz, rr, rh = (np.ascontiguousarray(r[d][k * hidden:(k + 1) * hidden].T) for k in range(3))
             rbz, rbr, rbh = (rb[k * hidden:(k + 1) * hidden] for k in range(3))
             f_act, g_act = acts[d]
-            h = h_init[d].astype(dtype)
-            y = np.zeros((seq, batch, hidden), dtype)
-            for t in common.step_order(d, seq):
+
+            def cell(t, h, xp=xp, rz=rz, rr=rr, rh=rh, rbz=rbz, rbr=rbr, rbh=rbh, f_act=f_act, g_act=g_act):
                 xz, xr, xh = (xp[t][:, k * hidden:(k + 1) * hidden] for k in range(3))
                 z = f_act(_clip(xz + h @ rz + rbz, common.clip))
                 rg = f_act(_clip(xr + h @ rr + rbr, common.clip))
@@ -234,10 +243,9 @@ def make_gru(spec: NodeSpec):
                     hh = g_act(_clip(xh + rg * (h @ rh + rbh), common.clip))
                 else:
                     hh = g_act(_clip(xh + (rg * h) @ rh + rbh, common.clip))
-                h_new = ((1 - z) * hh + z * h).astype(dtype)
-                active = _active(lens, t)
-                h = _mask_update(h_new, h, active)
-                y[t] = h if active is None else np.where(active[:, None], h, 0)
+                return (((1 - z) * hh + z * h).astype(dtype),)
+
+            y, (h,) = common.scan(d, seq, lens, (h_init[d].astype(dtype),), cell)
             ys.append(y)
             hs.append(h)
         return common.finish(ys, [hs], seq, batch, hidden, dtype)
@@ -258,13 +266,11 @@ def make_rnn(spec: NodeSpec):
             xp = _projection(x, w[d], b[d, :hidden] + b[d, hidden:])
             rt = np.ascontiguousarray(r[d].T)
             (f_act,) = acts[d]
-            h = h_init[d].astype(dtype)
-            y = np.zeros((seq, batch, hidden), dtype)
-            for t in common.step_order(d, seq):
-                h_new = f_act(_clip(xp[t] + h @ rt, common.clip)).astype(dtype)
-                active = _active(lens, t)
-                h = _mask_update(h_new, h, active)
-                y[t] = h if active is None else np.where(active[:, None], h, 0)
+
+            def cell(t, h, xp=xp, rt=rt, f_act=f_act):
+                return (f_act(_clip(xp[t] + h @ rt, common.clip)).astype(dtype),)
+
+            y, (h,) = common.scan(d, seq, lens, (h_init[d].astype(dtype),), cell)
             ys.append(y)
             hs.append(h)
         return common.finish(ys, [hs], seq, batch, hidden, dtype)
