@@ -9,34 +9,16 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
-from onnx import numpy_helper as nh
 
 import byoc
 from byoc.plugins import build_registry
 from byoc.runtime.subgraph import host_callable, region_model_bytes
 
-
-def _counting_loop(trip_count: int):
-    body = h.make_graph(
-        [h.make_node("Identity", ["c_in"], ["c_out"]), h.make_node("Add", ["v_in", "one"], ["v_out"])],
-        "body",
-        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c_in", T.BOOL, []),
-         h.make_tensor_value_info("v_in", T.FLOAT, [1])],
-        [h.make_tensor_value_info("c_out", T.BOOL, []), h.make_tensor_value_info("v_out", T.FLOAT, [1])],
-        [nh.from_array(np.ones(1, np.float32), "one")],
-    )
-    graph = h.make_graph(
-        [h.make_node("Loop", ["M", "c", "v0"], ["v"], body=body, name="runaway")],
-        "g",
-        [h.make_tensor_value_info("v0", T.FLOAT, [1])],
-        [h.make_tensor_value_info("v", T.FLOAT, [1])],
-        [nh.from_array(np.array(trip_count, np.int64), "M"), nh.from_array(np.array(True), "c")],
-    )
-    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+from loops import counting_loop
 
 
 def test_trip_count_over_budget_is_refused_before_iterating():
-    compiled = byoc.compile(_counting_loop(10**15), targets=[])
+    compiled = byoc.compile(counting_loop(10**15), targets=[])
     t0 = time.perf_counter()
     with pytest.raises(byoc.ResourceLimitError, match="runaway.*trip count 1000000000000000"):
         compiled.run({"v0": np.zeros(1, np.float32)})
@@ -44,8 +26,8 @@ def test_trip_count_over_budget_is_refused_before_iterating():
 
 
 def test_timeout_stops_a_runaway_loop():
-    compiled = byoc.compile(_counting_loop(10**15), targets=[], budget=byoc.Budget(max_loop_iterations=10**16))
-    small = byoc.compile(_counting_loop(3), targets=[])
+    compiled = byoc.compile(counting_loop(10**15), targets=[], budget=byoc.Budget(max_loop_iterations=10**16))
+    small = byoc.compile(counting_loop(3), targets=[])
     assert small.run({"v0": np.zeros(1, np.float32)}, timeout=30)["v"].tolist() == [3.0]
     t0 = time.perf_counter()
     with pytest.raises(byoc.RunTimeoutError, match="runaway"):
@@ -54,7 +36,7 @@ def test_timeout_stops_a_runaway_loop():
 
 
 def test_cancel_from_another_thread():
-    compiled = byoc.compile(_counting_loop(10**15), targets=[], budget=byoc.Budget(max_loop_iterations=10**16))
+    compiled = byoc.compile(counting_loop(10**15), targets=[], budget=byoc.Budget(max_loop_iterations=10**16))
     handle = byoc.CancelHandle()
     threading.Timer(0.2, handle.cancel).start()
     with pytest.raises(byoc.RunCancelledError):
@@ -63,7 +45,7 @@ def test_cancel_from_another_thread():
 
 
 def test_bad_timeout_value_is_refused():
-    compiled = byoc.compile(_counting_loop(1), targets=[])
+    compiled = byoc.compile(counting_loop(1), targets=[])
     with pytest.raises(byoc.OptionError):
         compiled.run({"v0": np.zeros(1, np.float32)}, timeout=0)
 

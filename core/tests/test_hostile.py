@@ -21,6 +21,8 @@ from onnx import numpy_helper as nh
 
 import byoc
 
+from loops import counting_loop
+
 MEMORY_LIMIT = 64 << 20  # bytes
 TIME_LIMIT = 5.0  # seconds
 
@@ -89,37 +91,20 @@ def test_expand_to_an_absurd_shape_at_run_time():
         compiled.run({"x": np.ones(1, np.float32), "shape": np.array([1 << 20, 1 << 20, 1 << 10], np.int64)})
 
 
-def _loop(trip_count: int | None):
-    body = h.make_graph(
-        [h.make_node("Identity", ["c_in"], ["c_out"]), h.make_node("Add", ["v_in", "one"], ["v_out"])],
-        "body",
-        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c_in", T.BOOL, []),
-         h.make_tensor_value_info("v_in", T.FLOAT, [1])],
-        [h.make_tensor_value_info("c_out", T.BOOL, []), h.make_tensor_value_info("v_out", T.FLOAT, [1])],
-        [nh.from_array(np.ones(1, np.float32), "one")],
-    )
-    inits = [nh.from_array(np.array(True), "c")]
-    if trip_count is not None:
-        inits.append(nh.from_array(np.array(trip_count, np.int64), "M"))
-    node = h.make_node("Loop", ["M" if trip_count is not None else "", "c", "v0"], ["v"], body=body, name="runaway")
-    return _model([node], [h.make_tensor_value_info("v0", T.FLOAT, [1])], [h.make_tensor_value_info("v", T.FLOAT, [1])],
-                  inits)
-
-
 def test_loop_of_10_to_the_15_iterations_is_refused_before_iterating():
-    compiled = byoc.compile(_loop(10**15), targets=[])
+    compiled = byoc.compile(counting_loop(10**15), targets=[])
     with within_limits(time_limit=1.0), pytest.raises(byoc.ResourceLimitError, match="runaway.*trip count"):
         compiled.run({"v0": np.zeros(1, np.float32)})
 
 
 def test_loop_without_trip_count_stops_at_the_iteration_budget():
-    compiled = byoc.compile(_loop(None), targets=[], budget=byoc.Budget(max_loop_iterations=2000))
+    compiled = byoc.compile(counting_loop(None), targets=[], budget=byoc.Budget(max_loop_iterations=2000))
     with within_limits(), pytest.raises(byoc.ResourceLimitError, match="runaway.*max_loop_iterations=2000"):
         compiled.run({"v0": np.zeros(1, np.float32)})
 
 
 def test_loop_without_trip_count_stops_at_the_timeout():
-    compiled = byoc.compile(_loop(None), targets=[], budget=byoc.Budget(max_loop_iterations=10**12))
+    compiled = byoc.compile(counting_loop(None), targets=[], budget=byoc.Budget(max_loop_iterations=10**12))
     with within_limits(time_limit=2.0), pytest.raises(byoc.RunTimeoutError, match="runaway"):
         compiled.run({"v0": np.zeros(1, np.float32)}, timeout=0.3)
 
