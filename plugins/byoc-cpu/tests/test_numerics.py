@@ -309,3 +309,12 @@ def _flat(steps):
                 yield from _flat(chunk)
         else:
             yield s
+
+
+@pytest.mark.parametrize("size,beta", [(1, 0.75), (4, 0.75), (5, 0.6), (3, 1.0)])
+def test_lrn_matches_onnxruntime(size, beta):
+    rng = np.random.default_rng(size)
+    model = make_model([helper.make_node("LRN", ["x"], ["y"], size=size, beta=beta, alpha=1e-3, bias=2.0)],
+                       {"x": (2, 7, 3, 4)}, ["y"])
+    feeds = {"x": rng.standard_normal((2, 7, 3, 4)).astype(np.float32) * 3}
+    assert_close(compile_cpu(model).run(feeds), onnxruntime_run(model, feeds), rtol=1e-5, atol=1e-6)

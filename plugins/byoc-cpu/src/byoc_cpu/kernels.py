@@ -246,24 +246,42 @@ def softmax_rows(x, xo, rows, cols, log, y, yo):
 
 @_jit
 def lrn(x, xo, c, hw, size, alpha, beta, bias, y, yo):
-    """Local response normalisation across channels of one image ``(c, hw)``."""
+    """Local response normalisation across channels of one image ``(c, hw)``: the window's sum
+    of squares slides from channel to channel (float64), the power is taken in float32 (the
+    common beta = 0.75 as two square roots)."""
     lo_off = (size - 1) // 2
     hi_off = size - 1 - lo_off
-    sq = np.empty(hw, dtype=np.float64)
-    for ci in range(c):
+    sq = np.zeros(hw, dtype=np.float64)
+    for cj in range(0, min(c - 1, hi_off) + 1):
+        s = xo + cj * hw
         for k in range(hw):
-            sq[k] = 0.0
-        c0 = max(0, ci - lo_off)
-        c1 = min(c - 1, ci + hi_off)
-        for cj in range(c0, c1 + 1):
-            s = xo + cj * hw
-            for k in range(hw):
-                v = np.float64(x[U(s + k)])
-                sq[k] += v * v
+            v = np.float64(x[U(s + k)])
+            sq[k] += v * v
+    scale = alpha / size
+    three_quarters = beta == 0.75
+    nbeta = np.float32(-beta)
+    for ci in range(c):
+        if ci > 0:
+            add, drop = ci + hi_off, ci - lo_off - 1
+            if add < c:
+                s = xo + add * hw
+                for k in range(hw):
+                    v = np.float64(x[U(s + k)])
+                    sq[k] += v * v
+            if drop >= 0:
+                s = xo + drop * hw
+                for k in range(hw):
+                    v = np.float64(x[U(s + k)])
+                    sq[k] -= v * v
         s = xo + ci * hw
         d = yo + ci * hw
         for k in range(hw):
-            y[U(d + k)] = np.float32(x[U(s + k)] / (bias + alpha / size * sq[k]) ** beta)
+            base = np.float32(bias + scale * max(sq[k], 0.0))
+            if three_quarters:
+                r = np.float32(math.sqrt(base))
+                y[U(d + k)] = x[U(s + k)] / (r * np.float32(math.sqrt(r)))
+            else:
+                y[U(d + k)] = x[U(s + k)] * np.float32(math.exp(nbeta * np.float32(math.log(base))))
 
 
 @_jit
