@@ -52,3 +52,8 @@ def skip_reason(name: str) -> str | None:
         if name.endswith(suffix):
             return reason
     return None
+
+
+#: cases whose inputs or outputs are sequences, optionals or maps: byoc's values are tensors only
+NON_TENSOR_REASON = "non-tensor input or output (sequence/optional/map): byoc runs tensor values only"
+

@@ -13,7 +13,7 @@ import pytest
 
 from byoc.kernels import is_supported
 
-from node_skips import skip_reason
+from node_skips import NON_TENSOR_REASON, skip_reason
 
 
 def _all_nodes(graph):
@@ -66,7 +66,7 @@ def test_node_case(case):
     input_names = [i.name for i in graph.input if i.name not in init_names]
     for inputs, expected in case.data_sets:
         if any(_as_array(x) is None for x in list(inputs) + list(expected)):
-            pytest.skip("non-tensor input or output (sequence/optional/map)")
+            pytest.skip(NON_TENSOR_REASON)
         inputs = [_as_array(x) for x in inputs]
         expected = [_as_array(x) for x in expected]
         outputs = rep.run(dict(zip(input_names, inputs)))
