@@ -46,9 +46,10 @@ DIRECT_MAX_CG = 8
 SHIFT_MIN_CG = 16
 SHIFT_MAX_WASTE = 1.5
 
-#: work below which a GEMM, or elements below which a loop, runs as one piece (no pool)
-PAR_MIN_MACS = 1 << 20
-PAR_MIN_ELEMENTS = 1 << 16
+#: work below which a GEMM, or elements below which a loop, runs as one piece: handing a chunk
+#: to a pool thread costs tens of microseconds (its wake-up), as much as ~8M multiply-adds
+PAR_MIN_MACS = 1 << 23
+PAR_MIN_ELEMENTS = 1 << 18
 
 DEFAULT_OPTIONS = {"fuse": True, "concat_in_place": True, "conv_strategy": "auto", "threads": None}
 
