@@ -318,7 +318,7 @@ class Emitter:
         self.in_batch = False
         self._last_info = None
         self.n_par = 0
-        n_in, n_const, n_out = len(p["inputs"]), len(p["consts"]), len(p["out_sizes"])
+        n_in, n_const = len(p["inputs"]), len(p["consts"])
         n_w = len(p["weights"])
         args = ", ".join(["arena", "consts", "weights"] + [f"in{i}" for i in range(n_in)])
         self.lines.append(f"def run({args}):")
@@ -343,7 +343,6 @@ class Emitter:
             shape = tuple(int(d) for d in o["shape"])
             rets.append(f"out{int(o['buf'])}[{off}:{off + size}].reshape({shape!r})")
         self.lines.append(f"    return [{', '.join(rets)}]")
-        del n_out
         literals = "".join(f"{name} = {_float(float.fromhex(key))}\n" for key, name in self.literals.items())
         tables = "".join(
             f"R{i} = Rows({tuple(tuple(int(v) for v in seg) for seg in segs)!r})\n" for i, segs in enumerate(p["rows"]))

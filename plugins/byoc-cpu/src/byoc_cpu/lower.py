@@ -436,11 +436,8 @@ class Lowering:
         return self.const_slots[key]
 
     def pack(self, arr: np.ndarray) -> Ref:
-        """A new packed constant (kept alive here so ``id`` stays unique)."""
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        self._keep = getattr(self, "_keep", [])
-        self._keep.append(arr)
-        return Ref(self.const_slot(arr))
+        """A new packed constant (``self.consts`` keeps it alive, so its ``id`` stays unique)."""
+        return Ref(self.const_slot(np.ascontiguousarray(arr, dtype=np.float32)))
 
     def ref(self, val: Val) -> Ref:
         root, off = val.root()
@@ -1074,4 +1071,4 @@ def lower(model: ir.Model, options: dict[str, Any] | None = None) -> tuple[dict[
     return program, low.consts
 
 
-__all__ = ["LoweringError", "PROGRAM_VERSION", "lower", "dataclasses"]
+__all__ = ["Lowering", "LoweringError", "PROGRAM_VERSION", "lower"]
