@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import ast
 import importlib
 import os
@@ -472,11 +474,11 @@ def test_a_conformance_run_exercises_every_hook():
     for name in specs:
         fn = getattr(inner, name)
 
+        @functools.wraps(fn)  # pluggy reads the argument names through __wrapped__
         def wrapper(*args, _fn=fn, _name=name, **kwargs):
             called.add(_name)
             return _fn(*args, **kwargs)
 
-        wrapper.__signature__ = __import__("inspect").signature(fn)
         setattr(rec, name, byoc.hookimpl(wrapper))
     report = run_conformance("emu", registry=registry_of(rec), examples=3)
     assert report.ok, report.format()
