@@ -231,13 +231,12 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     :returns: a :class:`CompiledModel`.
     """
     from byoc import passes as _passes
+    from byoc.quantize import pipeline as _quant
     from byoc.runtime.specialize import Specializer, has_symbolic_inputs
 
     budget = budget or DEFAULT_BUDGET
     registry = registry if registry is not None else (get_registry() if targets != [] else None)
     selected = resolve_targets(registry, targets) if registry is not None else []
-    from byoc.quantize import pipeline as _quant
-
     selected, skipped = _quant.split_targets(selected, targets is not None, calibration)
     if skipped and target_options:
         target_options = {k: v for k, v in target_options.items() if k not in skipped}
