@@ -16,27 +16,13 @@ import numba
 import numpy as np
 
 from byoc.kernels import threads
+from byoc.kernels.conv import _valid_range as _tap_range  # outputs whose tap lies inside the input
 from byoc.kernels.conv import auto_pad_mode, canon5, int_list, pad3, window_geometry
 from byoc.kernels.gemm import compute_dtype, split
 from byoc.kernels.registry import NodeSpec, kernel
 
 # -------------------------------------------------------------------------------------------------
 # Numba kernels
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _tap_range(o_n, s, off, n):
-    lo = 0
-    if off < 0:
-        lo = (-off + s - 1) // s
-    hi = 0
-    if n - 1 - off >= 0:
-        hi = (n - 1 - off) // s + 1
-    if hi > o_n:
-        hi = o_n
-    if lo > hi:
-        lo = hi
-    return lo, hi
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
