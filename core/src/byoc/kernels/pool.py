@@ -34,41 +34,40 @@ def _pool_taps(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, is_max, ini
     for p in range(p0, p1):
         n = p // c_
         c = p - n * c_
-        if True:
-            o = out[n, c]
-            o[:] = init
-            xc = x[n, c]
-            for kd in range(kd_):
-                for kh in range(kh_):
-                    for kw in range(kw_):
-                        offw = kw * dw - pw
-                        lo, hi = _tap_range(ow_, sw, offw, w_)
-                        for od in range(od_):
-                            id_ = od * sd - pd + kd * dd
-                            if id_ < 0 or id_ >= d_:
+        o = out[n, c]
+        o[:] = init
+        xc = x[n, c]
+        for kd in range(kd_):
+            for kh in range(kh_):
+                for kw in range(kw_):
+                    offw = kw * dw - pw
+                    lo, hi = _tap_range(ow_, sw, offw, w_)
+                    for od in range(od_):
+                        id_ = od * sd - pd + kd * dd
+                        if id_ < 0 or id_ >= d_:
+                            continue
+                        for oh in range(oh_):
+                            ih = oh * sh - ph + kh * dh
+                            if ih < 0 or ih >= h_:
                                 continue
-                            for oh in range(oh_):
-                                ih = oh * sh - ph + kh * dh
-                                if ih < 0 or ih >= h_:
-                                    continue
-                                src = xc[id_, ih]
-                                dst = o[od, oh]
-                                if is_max:
-                                    if sw == 1:
-                                        for j in range(lo, hi):
-                                            v = src[j + offw]
-                                            dst[j] = v if v > dst[j] else dst[j]
-                                    else:
-                                        for j in range(lo, hi):
-                                            v = src[j * sw + offw]
-                                            dst[j] = v if v > dst[j] else dst[j]
+                            src = xc[id_, ih]
+                            dst = o[od, oh]
+                            if is_max:
+                                if sw == 1:
+                                    for j in range(lo, hi):
+                                        v = src[j + offw]
+                                        dst[j] = v if v > dst[j] else dst[j]
                                 else:
-                                    if sw == 1:
-                                        for j in range(lo, hi):
-                                            dst[j] += src[j + offw]
-                                    else:
-                                        for j in range(lo, hi):
-                                            dst[j] += src[j * sw + offw]
+                                    for j in range(lo, hi):
+                                        v = src[j * sw + offw]
+                                        dst[j] = v if v > dst[j] else dst[j]
+                            else:
+                                if sw == 1:
+                                    for j in range(lo, hi):
+                                        dst[j] += src[j + offw]
+                                else:
+                                    for j in range(lo, hi):
+                                        dst[j] += src[j * sw + offw]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
