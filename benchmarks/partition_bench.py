@@ -27,7 +27,7 @@ from onnx import TensorProto, helper
 import byoc
 from byoc.partition.partitioner import Partitioner, ensure_node_names
 from byoc.plugins import build_registry
-from byoc.runtime.subgraph import host_callable, region_model_bytes
+from byoc.contract import host_callable, region_model_bytes
 
 UNARY = ("Relu", "Neg", "Sigmoid", "Tanh")
 BINARY = ("Add", "Mul")

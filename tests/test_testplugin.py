@@ -35,7 +35,7 @@ def test_entry_point_discovery(reg):
     assert target.distribution == "byoc-testplugin"
     assert target.version == byoc_testplugin.__version__
     assert target.device == "npu"
-    assert target.options == {"max_kernel": 7, "tag": "testchip"}
+    assert target.defaults == {"max_kernel": 7, "tag": "testchip"}
     assert reg.distributions["testchip"] == ("byoc-testplugin", byoc_testplugin.__version__)
     # inert fault plugins register nothing
     assert sorted(reg.targets) == ["testchip"]

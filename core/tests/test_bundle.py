@@ -27,7 +27,7 @@ from byoc import BundleError
 from byoc.plugins import build_registry
 from byoc.runtime import bundle as bundle_mod
 from byoc.runtime.bundle import BundleFallbackWarning
-from byoc.runtime.subgraph import host_callable, region_model_bytes
+from byoc.contract import host_callable, region_model_bytes
 
 MAGIC = b"\x00FAKE-ENGINE\xff"
 

@@ -30,11 +30,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import byoc
-from byoc.hookspecs import HOOK_API_VERSION
+from byoc.contract import HOOK_API_VERSION
 from byoc.kernels import is_supported
-from byoc.partition import Pattern, alt, any_value, const, op, tail
+from byoc.contract import Pattern, alt, any_value, const, op, tail
 from byoc.plugins import build_registry
-from byoc.runtime.subgraph import host_callable, region_model_bytes
+from byoc.contract import host_callable, region_model_bytes
 from byoc.testing import strategies as bst
 from byoc.testing.cases import GENERATORS, OpCase, op_cases
 from byoc.testing.conformance import FAIL, PASS, Conformance, run_conformance
@@ -44,7 +44,7 @@ from byoc.testing.tolerance import compare, envelope_accepts, magnitude_model, p
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "plugin-guide.md"
-HOOKSPECS = ROOT / "core" / "src" / "byoc" / "hookspecs.py"
+HOOKSPECS = ROOT / "core" / "src" / "byoc" / "contract" / "hookspecs.py"
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -94,7 +94,7 @@ class Emulated:
     @byoc.hookimpl
     def byoc_register_rules(self, target, register):
         if target == self.NAME:
-            register(byoc.Rule("needs_mac", lambda r: any(n.op_type in ("Conv", "MatMul") for n in r.nodes)
+            register(byoc.Rule("needs_mac", lambda r, ctx: any(n.op_type in ("Conv", "MatMul") for n in r.nodes)
                                or "no MAC op"))
 
     @byoc.hookimpl
@@ -248,7 +248,7 @@ def test_every_generated_instance_runs_on_the_host(op_type):
 
 def test_pattern_cases_match_their_pattern():
     from byoc.frontend import load_model
-    from byoc.partition.patterns import match_at
+    from byoc.contract.patterns import match_at
 
     exprs = [
         tail(alt(op("Add", op("Conv", any_value(), const(), const().optional()), const()),
@@ -447,7 +447,7 @@ def _normalise(text: str) -> str:
 
 
 def test_every_hookspec_is_in_the_guide_with_its_exact_signature():
-    import byoc.hookspecs as hs
+    import byoc.contract.hookspecs as hs
 
     sigs = _hookspec_signatures()
     specs = {n for n in dir(hs) if n.startswith("byoc_") and hasattr(getattr(hs, n), "byoc_spec")}
@@ -461,7 +461,7 @@ def test_every_hookspec_is_in_the_guide_with_its_exact_signature():
 
 @needs_kernels
 def test_a_conformance_run_exercises_every_hook():
-    import byoc.hookspecs as hs
+    import byoc.contract.hookspecs as hs
 
     specs = {n for n in dir(hs) if n.startswith("byoc_") and hasattr(getattr(hs, n), "byoc_spec")}
     called: set[str] = set()

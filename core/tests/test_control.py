@@ -12,7 +12,7 @@ from onnx import helper as h
 
 import byoc
 from byoc.plugins import build_registry
-from byoc.runtime.subgraph import host_callable, region_model_bytes
+from byoc.contract import host_callable, region_model_bytes
 
 from loops import counting_loop
 

@@ -23,10 +23,10 @@ from onnx import TensorProto, helper
 
 import byoc
 from byoc.kernels import supported_ops
-from byoc.partition import Pattern, Rule, any_value, op
+from byoc.contract import Pattern, Rule, any_value, op
 from byoc.partition.regions import CycleError, form_regions, is_acyclic, unit_graph
 from byoc.plugins import build_registry
-from byoc.runtime.subgraph import host_callable, region_model_bytes
+from byoc.contract import host_callable, region_model_bytes
 from byoc.testing.graphs import contracted, graph_is_dag, index_dags, kahn_acyclic
 from byoc.testing.graphs import onnx_dags as _onnx_dags
 
@@ -185,9 +185,9 @@ class MaskTarget:
         if target != self.name or self.rule is None:
             return
         if self.rule == "drop-single":
-            register(Rule("drop_single", lambda r: len(r.nodes) > 1 or "one node is not worth it"))
+            register(Rule("drop_single", lambda r, ctx: len(r.nodes) > 1 or "one node is not worth it"))
         else:
-            register(Rule("halve", lambda r: [r.nodes[: len(r) // 2], r.nodes[len(r) // 2:]] if len(r) > 1 else None))
+            register(Rule("halve", lambda r, ctx: [r.nodes[: len(r) // 2], r.nodes[len(r) // 2:]] if len(r) > 1 else None))
 
     @byoc.hookimpl
     def byoc_codegen(self, target, region, options):

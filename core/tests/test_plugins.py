@@ -14,9 +14,9 @@ from onnx import TensorProto, helper
 import byoc
 import byoc.plugins
 from byoc.errors import PluginError
-from byoc.partition import Pattern, Rule, any_value, op
+from byoc.contract import Pattern, Rule, any_value, op
 from byoc.plugins import PluginFault, build_registry
-from byoc.runtime.subgraph import host_callable, region_model_bytes
+from byoc.contract import host_callable, region_model_bytes
 
 SHAPE = [2, 4]
 
@@ -109,7 +109,7 @@ def test_api_version_mismatch_disables_target():
     assert any("999" in w for w in warned)
     cm = byoc.compile(chain_model(), registry=reg)
     assert {r.device for r in cm.records.values()} == {"newchip"}
-    with pytest.raises(PluginError, match="built for hook API version 999, byoc provides 1"):
+    with pytest.raises(PluginError, match="built for hook API version 999, byoc provides 2"):
         byoc.compile(chain_model(), targets=["oldchip"], registry=reg)
 
 
@@ -166,7 +166,7 @@ def test_bad_registrations_are_faults_naming_hook_and_target():
     for f in by_hook.values():
         assert f.plugin == "badplugin" and "(target 'bad')" in f.message
     assert "must be named 'bad.<pattern>'" in by_hook["byoc_register_patterns"].message
-    assert "expects a byoc.partition.Rule" in by_hook["byoc_register_rules"].message
+    assert "expects a byoc.contract.Rule" in by_hook["byoc_register_rules"].message
     # what was registered before the fault stays
     assert set(reg.operators["bad"]) == {("", "Relu")}
     assert reg.patterns["bad"] == [] and reg.rules["bad"] == []
@@ -187,15 +187,25 @@ def test_signature_mismatch_is_a_fault():
 def test_call_first_skips_a_raising_plugin():
     class Raising:
         @byoc.hookimpl
+        def byoc_register_targets(self, extend):
+            extend("x")
+
+        @byoc.hookimpl
         def byoc_cost(self, target, region, options):
             raise ValueError("no model of the chip")
 
     class Estimating:
         @byoc.hookimpl
+        def byoc_register_targets(self, register):
+            register(byoc.Target("x"))
+
+        @byoc.hookimpl
         def byoc_cost(self, target, region, options):
             return 0.5
 
-    reg, _ = quiet_registry([("raising", Raising()), ("est", Estimating())])
+    # pluggy's order: the last registered runs first, so "raising" (extending x) is asked first
+    reg, _ = quiet_registry([("est", Estimating()), ("raising", Raising())])
+    assert reg.scopes["x"] == ["est", "raising"]
     plugin, result, faults = reg.call_first("byoc_cost", target="x", region=None, options={})
     assert (plugin, result) == ("est", 0.5)
     assert [(f.plugin, f.hook) for f in faults] == [("raising", "byoc_cost")]
@@ -291,7 +301,7 @@ class Faulty(Chip):
         if target != self.name:
             return
 
-        def rule(region):
+        def rule(region, ctx):
             n = region.nodes
             if self.mode == "cycle":
                 return [[n[0], n[-1]], n[1:-1]]  # {n0, n2} and {n1} depend on each other

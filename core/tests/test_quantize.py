@@ -27,7 +27,7 @@ from byoc.quantize import (
     read_qdq,
     requant_multiplier,
 )
-from byoc.runtime.subgraph import host_callable, region_model_bytes
+from byoc.contract import host_callable, region_model_bytes
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -27,12 +27,12 @@ import byoc
 import byoc.plugins
 from byoc.cli import main
 from byoc.errors import OptionError
-from byoc.partition.patterns import any_value, const, op, tail
-from byoc.partition.types import Pattern, Rule
+from byoc.contract.patterns import any_value, const, op, tail
+from byoc.contract import Pattern, Rule
 from byoc.plugins import build_registry
 from byoc.report import partitioned_onnx, render, report_data, schema
 from byoc.report.flops import estimate_flops, format_flops
-from byoc.runtime.subgraph import host_callable, region_model_bytes
+from byoc.contract import host_callable, region_model_bytes
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -86,7 +86,7 @@ class Npu:
     @byoc.hookimpl
     def byoc_register_rules(self, target, register):
         if target == "npu":
-            register(Rule("needs_mac", lambda r: None if any(n.op_type in MAC_OPS for n in r.nodes) else "no MAC op"))
+            register(Rule("needs_mac", lambda r, ctx: None if any(n.op_type in MAC_OPS for n in r.nodes) else "no MAC op"))
 
     @byoc.hookimpl
     def byoc_codegen(self, target, region, options):
@@ -113,7 +113,7 @@ class Aux:
     @byoc.hookimpl
     def byoc_register_rules(self, target, register):
         if target == "aux":
-            register(Rule("min_nodes", lambda r: None if len(r.nodes) >= 2 else "fewer than 2 nodes"))
+            register(Rule("min_nodes", lambda r, ctx: None if len(r.nodes) >= 2 else "fewer than 2 nodes"))
 
     @byoc.hookimpl
     def byoc_codegen(self, target, region, options):
@@ -604,7 +604,7 @@ class _Random:
 
     @byoc.hookimpl
     def byoc_register_rules(self, target, register):
-        register(Rule("no_tanh_alone", lambda r: False if [n.op_type for n in r.nodes] == ["Tanh"] else None))
+        register(Rule("no_tanh_alone", lambda r, ctx: False if [n.op_type for n in r.nodes] == ["Tanh"] else None))
 
     @byoc.hookimpl
     def byoc_codegen(self, target, region, options):

@@ -6,8 +6,7 @@ rest on the host CPU with Numba reference kernels.
 
 from byoc.budget import Budget
 from byoc.compiler import compile
-from byoc.hookspecs import HOOK_API_VERSION, hookimpl
-from byoc.partition.types import Artifact, Pattern, Region, Rule, Target
+from byoc.contract import HOOK_API_VERSION, Artifact, Option, Pattern, Region, Rule, SupportContext, Target, hookimpl
 from byoc.plugins import list_targets
 from byoc.errors import (
     BundleError,
@@ -35,9 +34,11 @@ __version__ = "0.1.0"
 __all__ = [
     "HOOK_API_VERSION",
     "Artifact",
+    "Option",
     "Pattern",
     "Region",
     "Rule",
+    "SupportContext",
     "Target",
     "hookimpl",
     "list_targets",

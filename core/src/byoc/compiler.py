@@ -21,14 +21,13 @@ from byoc.partition.partitioner import (
     region_io,
     subgraph_scopes,
 )
-from byoc.partition.types import Artifact, Region, Target
+from byoc.contract import Artifact, Region, Target
 from byoc.passes.simplify import drop_legacy_initializer_inputs
 from byoc.plugins import Registry, get_registry
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.plan import build_plan
+from byoc.contract.types import REGION_DOMAIN, REGION_OP
 
-REGION_DOMAIN = "byoc"
-REGION_OP = "Region"
 
 
 @dataclass
@@ -56,24 +55,19 @@ def resolve_targets(registry: Registry, targets: Sequence[str] | None) -> list[T
 
 
 def resolve_options(targets: Sequence[Target], target_options: Mapping[str, Mapping[str, Any]] | None):
+    """Each target's full options, validated against its declared :class:`byoc.contract.Option` list."""
+    from byoc.contract.options import resolve_options as _resolve
+
     target_options = dict(target_options or {})
     unknown = set(target_options) - {t.name for t in targets}
     if unknown:
         raise OptionError(f"target_options for target(s) not compiled for: {sorted(unknown)}")
-    resolved = {}
-    for t in targets:
-        opts = dict(t.options)
-        for key, value in target_options.get(t.name, {}).items():
-            if key not in opts:
-                raise OptionError(f"target {t.name!r} has no option {key!r}; its options: {sorted(opts)}")
-            opts[key] = value
-        resolved[t.name] = opts
-    return resolved
+    return {t.name: _resolve(t, target_options.get(t.name)) for t in targets}
 
 
 def _validate_artifact(artifact: Any, region: Region) -> Artifact:
     if not isinstance(artifact, Artifact):
-        raise TypeError(f"returned {type(artifact).__name__}, expected byoc.partition.Artifact")
+        raise TypeError(f"returned {type(artifact).__name__}, expected byoc.contract.Artifact")
     if not isinstance(artifact.data, (bytes, bytearray)):
         raise TypeError(f"Artifact.data is {type(artifact.data).__name__}, expected bytes")
     meta = dict(artifact.metadata)

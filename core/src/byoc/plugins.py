@@ -1,11 +1,16 @@
-"""The plugin manager: hook specs, entry points (group ``byoc``), fault isolation, tracing.
+"""The plugin manager: hook specs, entry points (group ``byoc``), scoped calls, fault isolation.
 
 ``get_registry()`` is the one place that builds everything byoc knows about vendors. It loads
 every entry point of the group ``byoc`` (``BYOC_PLUGINS=a,b`` restricts which, by entry-point
 or distribution name; ``BYOC_PLUGINS=`` loads none), asks each plugin for its targets,
 operators, patterns and rules, and records every fault instead of crashing: a plugin that fails
-to import, two plugins claiming one target, a plugin built for another hook API version.
-``BYOC_TRACE=1`` logs every hook call through the ``byoc.plugins`` logger.
+to import, two plugins claiming one target, a plugin built for another hook API version, a
+hook wrapper. ``BYOC_TRACE=1`` logs every hook call through the ``byoc.plugins`` logger.
+
+Target-scoped calls: a hook about one target runs only in the plugin that registered the
+target and in plugins that declared ``extend(target)`` (pluggy's ``subset_hook_caller``).
+Implementations run one at a time, in pluggy's own order (last registered first,
+``tryfirst``/``trylast`` honoured), so a fault names its plugin and a slow hook can time out.
 """
 
 from __future__ import annotations
@@ -20,29 +25,18 @@ from typing import Any, Callable, Iterable
 
 import pluggy
 
-from byoc import hookspecs
+from byoc.contract import hookspecs
+from byoc.contract.faults import PluginFault
+from byoc.contract.types import Pattern, Rule, Target
 from byoc.errors import PluginError
-from byoc.partition.types import Pattern, Rule, Target
 
 logger = logging.getLogger("byoc.plugins")
 
 ENTRY_POINT_GROUP = "byoc"
 
 
-@dataclass
-class PluginFault:
-    """One thing a plugin got wrong, as ``byoc doctor`` reports it."""
-
-    plugin: str
-    hook: str
-    message: str
-    kind: str = "error"  # "import", "duplicate", "api-version", "error"
-    distribution: str = ""
-    version: str = ""
-
-    def __str__(self) -> str:
-        dist = f" ({self.distribution} {self.version})" if self.distribution else ""
-        return f"plugin {self.plugin!r}{dist}, hook {self.hook}: {self.message}"
+#: modules of hook API 1 that API 2 removed: a plugin importing one was built for API 1
+_API1_MODULES = ("byoc.partition.types", "byoc.partition.patterns", "byoc.hookspecs")
 
 
 @dataclass
@@ -68,6 +62,9 @@ class Registry:
     #: targets registered with another hook API version (not usable)
     incompatible: dict[str, Target] = field(default_factory=dict)
     distributions: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: target name -> the plugins whose target-scoped hooks it calls (owner first, then extenders)
+    scopes: dict[str, list[str]] = field(default_factory=dict)
+    _callers: dict[tuple[str, str | None], Any] = field(default_factory=dict, repr=False)
 
     def ordered_targets(self) -> list[Target]:
         """Usable targets in default priority order (higher priority first, then name)."""
@@ -92,15 +89,38 @@ class Registry:
 
     # -- calling hooks one implementation at a time, so a fault names its plugin ------------
 
+    def hookimpls(self, hook_name: str, target: str | None = None) -> list[pluggy.HookImpl]:
+        """The implementations of ``hook_name`` in the order pluggy calls them.
+
+        With ``target``: only those of the plugins in the target's scope (the plugin that
+        registered it and the plugins that extend it).
+        """
+        key = (hook_name, target)
+        caller = self._callers.get(key)
+        if caller is None:
+            if target is None:
+                caller = getattr(self.pm.hook, hook_name)
+            else:
+                scope = set(self.scopes.get(target, ()))
+                others = [p for name, p in self.pm.list_name_plugin() if name not in scope and p is not None]
+                caller = self.pm.subset_hook_caller(hook_name, others)
+                if not scope:  # nobody owns it: no implementation at all
+                    caller = None
+            self._callers[key] = caller
+        if caller is None:
+            return []
+        # pluggy keeps [trylast.., plain.., tryfirst.., wrappers..] and calls them in reverse
+        return [impl for impl in reversed(caller.get_hookimpls()) if not (impl.hookwrapper or impl.wrapper)]
+
     def call_each(self, hook_name: str, *, timeout: float | None = None,
                   **kwargs: Any) -> Iterable[tuple[str, Any, BaseException | None]]:
         """Call every implementation of ``hook_name``; yields ``(plugin, result, exception)``.
 
-        With ``timeout``, an implementation that does not return in time yields a
-        :class:`HookTimeout` (its thread is left to finish in the background).
+        A ``target=`` keyword scopes the call to that target's plugins; implementations run in
+        pluggy's order. With ``timeout``, an implementation that does not return in time yields
+        a :class:`HookTimeout` (its thread is left to finish in the background).
         """
-        hook = getattr(self.pm.hook, hook_name)
-        for impl in hook.get_hookimpls():  # registration order (entry points sorted by name)
+        for impl in self.hookimpls(hook_name, kwargs.get("target")):
             args = {k: kwargs[k] for k in impl.argnames if k in kwargs}
             if _TRACE:
                 logger.info("call %s.%s(%s)", impl.plugin_name, hook_name, ", ".join(args))
@@ -188,8 +208,7 @@ def build_registry(plugins: Iterable[tuple[str, object]] = (), *, entry_points: 
             try:
                 module = ep.load()
             except Exception as exc:
-                fault = PluginFault(ep.name, "import", f"failed to import: {type(exc).__name__}: {exc}", "import",
-                                    dist, version)
+                fault = _import_fault(ep.name, exc, dist, version)
                 reg.faults.append(fault)
                 warnings.warn(str(fault), stacklevel=2)
                 continue
@@ -200,11 +219,31 @@ def build_registry(plugins: Iterable[tuple[str, object]] = (), *, entry_points: 
     return reg
 
 
+def _import_fault(name: str, exc: BaseException, dist: str, version: str) -> PluginFault:
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if missing in _API1_MODULES:
+        return PluginFault(name, "import", f"was built for hook API version 1 (it imports {missing}, which hook "
+                           f"API version {hookspecs.HOOK_API_VERSION} replaced by byoc.contract); the plugin is not "
+                           "used: upgrade it", "api-version", dist, version)
+    return PluginFault(name, "import", f"failed to import: {type(exc).__name__}: {exc}", "import", dist, version)
+
+
 def _register(reg: Registry, name: str, plugin: object, dist: str, version: str) -> None:
     try:
         reg.pm.register(plugin, name=name)
     except Exception as exc:  # pluggy validates hook signatures here
         fault = PluginFault(name, "register", f"{type(exc).__name__}: {exc}", "error", dist, version)
+        reg.faults.append(fault)
+        warnings.warn(str(fault), stacklevel=3)
+        return
+    wrappers = sorted(c.name for c in reg.pm.get_hookcallers(plugin) or []
+                      for impl in c.get_hookimpls() if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper))
+    if wrappers:
+        reg.pm.unregister(plugin)
+        fault = PluginFault(name, wrappers[0], f"hook wrappers (hookwrapper=True / wrapper=True) are not supported: "
+                            f"byoc calls each implementation on its own so that a fault names its plugin; "
+                            f"use plain hooks (tryfirst/trylast are honoured). Wrapped hooks: {', '.join(wrappers)}; "
+                            "the plugin is not used", "error", dist, version)
         reg.faults.append(fault)
         warnings.warn(str(fault), stacklevel=3)
         return
@@ -220,7 +259,8 @@ def _fault(reg: Registry, plugin: str, hook: str, message: str, kind: str = "err
 
 def _collect(reg: Registry) -> None:
     claimed: dict[str, list[Target]] = {}
-    for plugin, _, exc in _each_target(reg, claimed):
+    extends: dict[str, list[str]] = {}
+    for plugin, _, exc in _each_target(reg, claimed, extends):
         if exc is not None:
             _fault(reg, plugin, "byoc_register_targets", f"raised {type(exc).__name__}: {exc}")
     for name, owners in claimed.items():
@@ -237,6 +277,7 @@ def _collect(reg: Registry) -> None:
                    f"byoc provides {hookspecs.HOOK_API_VERSION}; the target is disabled", "api-version")
             continue
         reg.targets[name] = t
+        reg.scopes[name] = [t.plugin] + [p for p in extends.get(name, []) if p != t.plugin]
     for name in reg.targets:
         reg.operators[name] = {}
         reg.patterns[name] = []
@@ -244,8 +285,14 @@ def _collect(reg: Registry) -> None:
         _collect_for_target(reg, name)
 
 
-def _each_target(reg: Registry, claimed: dict[str, list[Target]]):
+def _each_target(reg: Registry, claimed: dict[str, list[Target]], extends: dict[str, list[str]]):
     current = {"plugin": ""}
+
+    def extend(name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"extend() expects a target name, got {name!r}")
+        if current["plugin"] not in extends.setdefault(name, []):
+            extends[name].append(current["plugin"])
 
     def register(target: Target) -> None:
         if not isinstance(target, Target):
@@ -255,11 +302,11 @@ def _each_target(reg: Registry, claimed: dict[str, list[Target]]):
         target.distribution = target.distribution or dist
         claimed.setdefault(target.name, []).append(target)
 
-    hook = reg.pm.hook.byoc_register_targets
-    for impl in hook.get_hookimpls():
+    for impl in reg.hookimpls("byoc_register_targets"):
         current["plugin"] = impl.plugin_name
+        args = {k: v for k, v in (("register", register), ("extend", extend)) if k in impl.argnames}
         try:
-            impl.function(register=register)
+            impl.function(**args)
         except Exception as exc:
             yield impl.plugin_name, None, exc
             continue
@@ -277,14 +324,14 @@ def _collect_for_target(reg: Registry, target: str) -> None:
 
     def add_pattern(pattern: Pattern) -> None:
         if not isinstance(pattern, Pattern):
-            raise TypeError(f"register() expects a byoc.partition.Pattern, got {type(pattern).__name__}")
+            raise TypeError(f"register() expects a byoc.contract.Pattern, got {type(pattern).__name__}")
         if not pattern.name.startswith(target + "."):
             raise ValueError(f"pattern {pattern.name!r} must be named '{target}.<pattern>'")
         reg.patterns[target].append((current["plugin"], pattern))
 
     def add_rule(rule: Rule) -> None:
         if not isinstance(rule, Rule):
-            raise TypeError(f"register() expects a byoc.partition.Rule, got {type(rule).__name__}")
+            raise TypeError(f"register() expects a byoc.contract.Rule, got {type(rule).__name__}")
         reg.rules[target].append((current["plugin"], rule))
 
     for hook_name, register in (
@@ -292,8 +339,7 @@ def _collect_for_target(reg: Registry, target: str) -> None:
         ("byoc_register_patterns", add_pattern),
         ("byoc_register_rules", add_rule),
     ):
-        hook = getattr(reg.pm.hook, hook_name)
-        for impl in hook.get_hookimpls():
+        for impl in reg.hookimpls(hook_name, target):
             current["plugin"] = impl.plugin_name
             args = {k: v for k, v in (("target", target), ("register", register)) if k in impl.argnames}
             try:

@@ -19,7 +19,7 @@ from onnx import helper
 
 import byoc
 from byoc.errors import PluginError
-from byoc.partition.types import Artifact
+from byoc.contract import Artifact
 from byoc_cpu import runtime
 from byoc_cpu.verify import ProgramError, verify
 

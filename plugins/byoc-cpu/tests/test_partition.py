@@ -101,7 +101,7 @@ def test_regions_of_views_only_are_dropped():
     cm = compile_cpu(model)
     assert not cm.regions
     assert cm.records["reshape"].rule == "cpu:has_compute (only reshapes: nothing to compute)"
-    region = byoc.partition.types.Region("r", "cpu", [n for n in cm.model.graph])
+    region = byoc.contract.Region("r", "cpu", [n for n in cm.model.graph])
     assert has_compute(region) is True  # Cos is compute (the rule only looks at op types)
 
 
@@ -131,7 +131,7 @@ def test_a_region_of_only_views_compiles_when_asked_directly():
     a view of the region's input returned as its output is copied into an output buffer."""
     import onnx_ir as ir
 
-    from byoc.partition.types import Region
+    from byoc.contract import Region
     from byoc_cpu import runtime
     from byoc_cpu.codegen import generate
 

@@ -66,7 +66,7 @@ def test_default_compile_uses_cpu_when_installed(tiny_model):
 
 
 def test_hooks_answer_only_for_their_target():
-    region = byoc.partition.types.Region("r", "other", [])
+    region = byoc.contract.Region("r", "other", [])
     assert plugin.byoc_codegen("other", region, {}) is None
     assert plugin.byoc_runtime("other", byoc.Artifact("other", "x", b""), {}) is None
     assert plugin.byoc_cost("other", region, {}) is None

@@ -12,9 +12,9 @@ from onnx import helper, numpy_helper
 
 import byoc
 from byoc.frontend import load_model
-from byoc.partition.types import Region, SupportContext
+from byoc.contract import Region, SupportContext
 from byoc.passes import run_passes
-from byoc.runtime.subgraph import host_callable
+from byoc.contract import host_callable
 
 import byoc_jetson.plugin as plugin
 from byoc_jetson.options import validate_options

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 import byoc
 import byoc_vitis.plugin as vitis_plugin
 from byoc.plugins import build_registry
-from byoc.runtime.subgraph import host_callable
+from byoc.contract import host_callable
 
 
 def make_registry():

@@ -1,19 +1,4 @@
-"""Support verdicts, patterns, cycle-free regions, rules, outlining."""
+"""Support verdicts, patterns, cycle-free regions, rules, outlining (core internals).
 
-from byoc.partition.patterns import Match, alt, any_value, const, op, tail
-from byoc.partition.types import Artifact, Pattern, Region, Rule, SupportContext, Target
-
-__all__ = [
-    "Artifact",
-    "Match",
-    "Pattern",
-    "Region",
-    "Rule",
-    "SupportContext",
-    "Target",
-    "alt",
-    "any_value",
-    "const",
-    "op",
-    "tail",
-]
+The types plugins exchange with the partitioner live in :mod:`byoc.contract`.
+"""

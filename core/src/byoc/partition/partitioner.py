@@ -20,10 +20,11 @@ import onnx
 import onnx_ir as ir
 
 from byoc.errors import PluginError
-from byoc.partition.patterns import match_at
+from byoc.contract.faults import PluginFault
+from byoc.contract.patterns import match_at
+from byoc.contract.types import Pattern, Region, SupportContext, Target
 from byoc.partition.regions import form_regions, is_acyclic
-from byoc.partition.types import Pattern, Region, SupportContext, Target
-from byoc.plugins import PluginFault, Registry
+from byoc.plugins import Registry
 
 CONTROL_FLOW = {"If", "Loop", "Scan"}
 
@@ -232,7 +233,8 @@ class Partitioner:
 
     # -- one target ---------------------------------------------------------------------------
 
-    def _composites(self, target: Target, ctx: SupportContext) -> tuple[list[list[int]], dict[int, str]]:
+    def _composites(self, target: Target, ctx: SupportContext,
+                    verdict_ok: Sequence[bool]) -> tuple[list[list[int]], dict[int, str]]:
         patterns: list[tuple[str, Pattern]] = sorted(
             self.registry.patterns.get(target.name, []),
             key=lambda pp: -(pp[1].priority if pp[1].priority is not None else pp[1].expr.size()),
@@ -253,6 +255,9 @@ class Partitioner:
             for plugin, pattern in patterns:
                 try:
                     m = match_at(pattern.expr, node, free)
+                    # every member must be supported on its own: the plugin's check judges the whole
+                    if m is not None and not all(verdict_ok[self.index[id(n)]] for n in m.nodes):
+                        continue
                     ok = m is not None and (pattern.check is None or pattern.check(m, ctx))
                 except Exception as exc:
                     self.faults.add(plugin, "byoc_register_patterns",
@@ -268,7 +273,7 @@ class Partitioner:
                 break
         return composites, pattern_of
 
-    def _apply_rules(self, target: Target, groups: list[list[int]], pattern_of: dict[int, str],
+    def _apply_rules(self, target: Target, ctx: SupportContext, groups: list[list[int]], pattern_of: dict[int, str],
                      composites: list[list[int]]) -> list[list[int]]:
         rules = self.registry.rules.get(target.name, [])
         composite_of = {i: k for k, members in enumerate(composites) for i in members}
@@ -277,7 +282,7 @@ class Partitioner:
             for group in groups:
                 region = self._region_view(target.name, group, pattern_of)
                 try:
-                    verdict = rule.fn(region)
+                    verdict = rule.fn(region, ctx)
                 except Exception as exc:
                     self.faults.add(plugin, "byoc_register_rules",
                                     f"rule {rule.name!r} raised {type(exc).__name__}: {exc} "
@@ -351,7 +356,7 @@ class Partitioner:
             reason = _verdict(self.registry, target.name, node, ctx, self.faults)
             self.records[node.name].verdicts[target.name] = reason
             verdict_ok[i] = reason is None
-        composites, pattern_of = self._composites(target, ctx)
+        composites, pattern_of = self._composites(target, ctx, verdict_ok)
         unit_of, n_units = self._units(composites)
         candidate = [False] * n_units
         n_placed = len(self.placed)
@@ -366,7 +371,7 @@ class Partitioner:
             members_of.setdefault(u, []).append(i)
         unit_groups = form_regions(len(self.nodes), self.preds, unit_of, n_units, candidate)
         groups = [sorted(i for u in g for i in members_of[u]) for g in unit_groups]
-        groups = self._apply_rules(target, groups, pattern_of, composites)
+        groups = self._apply_rules(target, ctx, groups, pattern_of, composites)
         for group in groups:
             rid = len(self.placed)
             self.placed.append((target.name, group, {i: pattern_of[i] for i in group if i in pattern_of}))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from byoc.errors import ByocError, CalibrationRequiredError, OptionError
-from byoc.partition.types import Region, Target
+from byoc.contract import Region, Target
 from byoc.quantize.calibrate import CalibrationTable, calibrate
 from byoc.quantize.qdq import quantize_model
 from byoc.quantize.scheme import QuantScheme

@@ -130,6 +130,7 @@ def _target_rows(registry: Any) -> list[dict[str, Any]]:
             "plugin": t.plugin,
             "priority": t.priority,
             "description": t.description,
+            "options": [o.describe() for o in t.options],
         })
     return rows
 
@@ -161,7 +162,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     import os
 
-    from byoc import hookspecs
+    from byoc.contract import hookspecs
     from byoc.plugins import get_registry
 
     registry = get_registry()
@@ -195,6 +196,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"  target {name!r} of plugin {t.plugin!r}{dist} was built for hook API version {t.api_version}; "
                   f"byoc provides {hookspecs.HOOK_API_VERSION}: upgrade the plugin")
         problems += len(registry.incompatible)
+    old = [f for f in registry.faults if f.kind == "api-version" and f.hook == "import"]
+    if old:
+        print(f"\nincompatible plugins ({len(old)}):")
+        for f in old:
+            print(f"  {f}")
+        problems += len(old)
     if problems:
         print(f"\n{problems} problem(s) found")
         return 1

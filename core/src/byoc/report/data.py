@@ -17,6 +17,7 @@ import onnx
 import onnx_ir as ir
 
 from byoc.report.flops import estimate_flops
+from byoc.contract.types import REGION_DOMAIN, REGION_OP
 
 if TYPE_CHECKING:  # pragma: no cover
     from byoc.runtime.compiled import CompiledModel
@@ -24,8 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
 #: bump on any incompatible change of the document (see ``schema.json``)
 SCHEMA_VERSION = 1
 HOST = "host"
-REGION_DOMAIN = "byoc"
-REGION_OP = "Region"
 
 
 @dataclass

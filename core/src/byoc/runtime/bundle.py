@@ -36,6 +36,7 @@ import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget, _fmt_bytes
 from byoc.errors import ByocError, BundleError, OptionError
+from byoc.contract.types import REGION_DOMAIN, REGION_OP
 
 if TYPE_CHECKING:  # pragma: no cover
     from byoc.plugins import Registry
@@ -53,8 +54,6 @@ ARTIFACT_BIN = "artifact.bin"
 ARTIFACT_JSON = "artifact.json"
 REGION_ONNX = "region.onnx"
 
-REGION_DOMAIN = "byoc"
-REGION_OP = "Region"
 
 #: the manifest is small JSON; anything bigger is not one byoc wrote
 MAX_MANIFEST_BYTES = 16 << 20
@@ -114,7 +113,10 @@ def _onnx_bytes(model: ir.Model, what: str) -> bytes:
 
 
 def _target_json(target) -> dict[str, Any]:
-    return {f.name: getattr(target, f.name) for f in dataclasses.fields(target)}
+    # the declared options are recorded as {name: default}; the installed target's own
+    # declarations judge options when loading
+    return {f.name: target.defaults if f.name == "options" else getattr(target, f.name)
+            for f in dataclasses.fields(target)}
 
 
 def _region_members(index: int) -> tuple[str, str, str]:
@@ -125,7 +127,7 @@ def _region_members(index: int) -> tuple[str, str, str]:
 def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
     """Every member of ``cm``'s bundle (manifest included), name -> bytes, in archive order."""
     from byoc import __version__
-    from byoc.hookspecs import HOOK_API_VERSION
+    from byoc.contract import HOOK_API_VERSION
 
     fallback = dict(getattr(cm, "host_fallback", {}) or {})
     region_target = {cr.region.name: cr.region.target for cr in cm.regions}
@@ -611,6 +613,7 @@ def load(
     registry: "Registry | None" = None,
     fallback: str | None = None,
     budget: Budget | None = None,
+    target_options: "Mapping[str, Mapping[str, Any]] | None" = None,
 ) -> "CompiledModel":
     """Load a bundle written by :meth:`CompiledModel.save`.
 
@@ -621,11 +624,17 @@ def load(
         cannot load its artifact on the host from the region's kept subgraph (with a
         :class:`BundleFallbackWarning`); ``None``/``"error"`` (default) raises :class:`BundleError`.
     :param budget: resource limits for reading (declared member sizes) and running.
+    :param target_options: the loading user's options per target, validated like
+        ``byoc.compile``'s. The bundle's own options are validated against the installed target's
+        declared options; machine-local ones (cache folders, threads, device index) are never
+        taken from the bundle, the loading user's (or the defaults) apply.
     :raises BundleError: unreadable, truncated or tampered bundle; unsafe or unexpected members;
         a missing or incompatible plugin (naming it and the version the bundle needs).
+    :raises OptionError: a bundle or user option the installed target does not accept.
     """
     from byoc.compiler import CompiledRegion, codegen_region
-    from byoc.partition.types import Artifact, Region, Target
+    from byoc.contract.options import bundle_options
+    from byoc.contract import Artifact, Region, Target
     from byoc.plugins import PluginFault, get_registry
     from byoc.runtime.compiled import CompiledModel
     from byoc.runtime.plan import build_plan
@@ -660,9 +669,10 @@ def load(
     targets = _dataclass_list(Target, info.get("targets"), "targets", origin)
     faults = _dataclass_list(PluginFault, info.get("faults"), "faults", origin)
     records = _records_from_json(info.get("records"), origin)
-    target_options = options.get("target_options", {})
-    if not isinstance(target_options, dict):
+    stored_options = options.get("target_options", {})
+    if not isinstance(stored_options, dict):
         raise fail(f"member {COMPILED!r}: options.target_options is not an object")
+    user_options = dict(target_options or {})
 
     # -- the manifest's plugins against compiled.json's targets --------------------------------
     plugins = manifest["plugins"]
@@ -764,12 +774,16 @@ def load(
             raise fail(f"member {json_name!r}: the artifact's inputs/outputs do not match region node {name!r}")
         region = Region(name=name, target=target, nodes=list(body.graph), inputs=list(node.inputs),
                         outputs=list(node.outputs), patterns=dict(patterns), model=body)
-        opts = target_options.get(target, {})
+        opts = stored_options.get(target, {})
         if not isinstance(opts, dict):
             raise fail(f"member {COMPILED!r}: options for target {target!r} are not an object")
         cr = None
         why = unavailable.get(target)
         if why is None:
+            # the installed target's schema judges the bundle's options; machine-local ones come
+            # from the loading user
+            opts = bundle_options(registry.targets[target], opts, user_options.get(target),
+                                  origin=f"{origin}: member {COMPILED!r}")
             hook_faults = _QuietFaults()
             cr = codegen_region(registry, region, opts, hook_faults, artifact=artifact)
             if cr is None:

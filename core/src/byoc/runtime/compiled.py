@@ -16,7 +16,7 @@ from byoc.runtime.plan import InputSpec, Plan, check_feeds
 if TYPE_CHECKING:  # pragma: no cover
     from byoc.compiler import CompiledRegion
     from byoc.partition.partitioner import NodeRecord
-    from byoc.partition.types import Target
+    from byoc.contract import Target
     from byoc.plugins import PluginFault
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 if TYPE_CHECKING:  # pragma: no cover
-    from byoc.partition.types import Target
+    from byoc.contract import Target
     from byoc.runtime.compiled import CompiledModel
 
 ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]

@@ -18,12 +18,13 @@ from byoc.runtime.plan import Plan, build_plan
 class HostCallable:
     """``HostCallable(model)(*inputs) -> list of outputs``, in the model's input/output order."""
 
-    def __init__(self, model: ir.Model | onnx.ModelProto | bytes, budget: Budget = DEFAULT_BUDGET):
+    def __init__(self, model: ir.Model | onnx.ModelProto | bytes, budget: Budget = DEFAULT_BUDGET,
+                 step_factory=None):
         if isinstance(model, (bytes, bytearray)):
             model = onnx.ModelProto.FromString(bytes(model))
         if isinstance(model, onnx.ModelProto):
             model = ir.from_proto(model)
-        self.plan: Plan = build_plan(model.graph, budget=budget)
+        self.plan: Plan = build_plan(model.graph, budget=budget, step_factory=step_factory)
         self.input_names = [s.name for s in self.plan.input_specs()]
         self.output_names = self.plan.output_names()
 
@@ -36,9 +37,4 @@ def host_callable(model: ir.Model | onnx.ModelProto | bytes, budget: Budget = DE
     return HostCallable(model, budget)
 
 
-def region_model_bytes(model: ir.Model) -> bytes:
-    """Deterministic serialisation of a region body."""
-    return ir.to_proto(model).SerializeToString(deterministic=True)
-
-
-__all__ = ["HostCallable", "host_callable", "region_model_bytes"]
+__all__ = ["HostCallable", "host_callable"]

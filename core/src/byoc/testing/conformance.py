@@ -55,7 +55,7 @@ from hypothesis import strategies as st
 
 import byoc
 from byoc.errors import ByocError
-from byoc.partition.types import Target
+from byoc.contract import Target
 from byoc.plugins import Registry
 from byoc.runtime.subgraph import host_callable
 from byoc.testing.cases import GENERATORS, GraphCase, OpCase, op_cases
@@ -617,7 +617,7 @@ class Conformance:
         return None
 
     def check_registration(self) -> CheckResult:
-        from byoc.hookspecs import HOOK_API_VERSION
+        from byoc.contract import HOOK_API_VERSION
         from byoc.kernels import is_supported
 
         closed = self._closed("registration", self.name)
@@ -635,9 +635,13 @@ class Conformance:
         if t.api_version != HOOK_API_VERSION:
             problems.append(f"Target.api_version {t.api_version} != byoc's hook API version {HOOK_API_VERSION}")
         try:
-            json.dumps(t.options, sort_keys=True)
+            json.dumps(t.defaults, sort_keys=True)
         except (TypeError, ValueError) as exc:
-            problems.append(f"Target.options is not JSON-serialisable (bundles store it): {exc}")
+            problems.append(f"Target option defaults are not JSON-serialisable (bundles store them): {exc}")
+        for o in t.options:
+            if o.problem(o.default):
+                problems.append(f"Target option {o.name!r}: its default {o.default!r} is not allowed: "
+                                f"{o.problem(o.default)}")
         if getattr(t, "needs_calibration", False):
             try:
                 from byoc.quantize.scheme import QuantScheme
@@ -684,8 +688,8 @@ class Conformance:
 
     def check_pattern(self, label: str, pattern: Any = None) -> CheckResult:
         from byoc.frontend import load_model
-        from byoc.partition.patterns import match_at
-        from byoc.partition.types import SupportContext
+        from byoc.contract.patterns import match_at
+        from byoc.contract import SupportContext
 
         closed = self._closed("patterns", label)
         if closed:

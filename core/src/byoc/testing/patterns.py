@@ -21,7 +21,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 from onnx import helper
 
-from byoc.partition.patterns import PatternExpr, _Alt, _Any, _Const, _Op, _Optional
+from byoc.contract.patterns import PatternExpr, _Alt, _Any, _Const, _Op, _Optional
 from byoc.testing.cases import GENERATORS, OPSET, GraphCase, Slots, op_cases
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
-    from byoc.partition.types import Target
+    from byoc.contract import Target
     from byoc.plugins import Registry
 
 #: capability attribute -> what it checks (the suites of :mod:`byoc.testing.conformance`)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from byoc.errors import PluginError
+from byoc.contract import PluginError
 
 from byoc_cpu import CODEGEN_VERSION, __version__
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from byoc.partition.types import Artifact, Region
+from byoc.contract import Artifact, Region
 
 from byoc_cpu.artifact import FORMAT, TARGET, build_metadata, pack_constants
 from byoc_cpu.emit import emit

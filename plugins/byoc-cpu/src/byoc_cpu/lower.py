@@ -32,6 +32,7 @@ import numpy as np
 import onnx_ir as ir
 
 from byoc_cpu import ops
+from byoc_cpu.options import DEFAULTS
 from byoc_cpu.ops import OpInfo, Unsupported
 
 #: program format version (part of every artifact)
@@ -51,7 +52,8 @@ SHIFT_MAX_WASTE = 1.5
 PAR_MIN_MACS = 1 << 23
 PAR_MIN_ELEMENTS = 1 << 18
 
-DEFAULT_OPTIONS = {"fuse": True, "concat_in_place": True, "conv_strategy": "auto", "threads": None}
+#: the options the lowering reads (declared, with their defaults, in :mod:`byoc_cpu.options`)
+DEFAULT_OPTIONS = {k: v for k, v in DEFAULTS.items() if k in ("fuse", "concat_in_place", "conv_strategy", "threads")}
 
 
 class LoweringError(Exception):

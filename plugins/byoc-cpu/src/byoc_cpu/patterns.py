@@ -11,8 +11,8 @@ placed as a unit, so it must not smuggle in a node the code generator cannot com
 
 from __future__ import annotations
 
-from byoc.partition.patterns import alt, any_value, const, op, tail
-from byoc.partition.types import Pattern
+from byoc.contract.patterns import alt, any_value, const, op, tail
+from byoc.contract import Pattern
 
 from byoc_cpu.ops import ACTIVATIONS
 from byoc_cpu.support import check

@@ -1,11 +1,11 @@
 """The ``cpu`` target: the byoc reference plugin.
 
 A vendor plugin is this one module, published under the entry-point group ``byoc``
-(``pyproject.toml``: ``[project.entry-points.byoc] cpu = "byoc_cpu.plugin"``). Each hook
-checks the target name first: byoc calls every plugin's hooks for every target, so a plugin
-answers only for its own (or for one it extends). The hooks, in the order byoc calls them:
+(``pyproject.toml``: ``[project.entry-points.byoc] cpu = "byoc_cpu.plugin"``). byoc calls a
+target's hooks only in the plugin that registered it, so no hook checks the target name. The
+hooks, in the order byoc calls them:
 
-``byoc_register_targets``    the target: name, version, device, options, tolerance, priority
+``byoc_register_targets``    the target: name, version, device, typed options, tolerance, priority
 ``byoc_register_operators``  which operators it may take, each with a check giving the reason
 ``byoc_register_patterns``   named composites, placed as a unit (the fusions it reports)
 ``byoc_register_rules``      regions worth having (here: drop regions with nothing to compute)
@@ -19,28 +19,13 @@ are imported when byoc first calls their hooks.
 
 from __future__ import annotations
 
-import byoc
-from byoc.partition.types import Rule, Target
+from byoc.contract import Rule, Target, hookimpl
 
 from byoc_cpu import __version__
 from byoc_cpu.ops import ALIAS, ANCHOR, OPERATORS
+from byoc_cpu.options import OPTIONS
 
 TARGET = "cpu"
-
-#: the target's options (``byoc.compile(..., target_options={"cpu": {...}})``)
-OPTIONS = {
-    # fuse elementwise chains into GEMM epilogues and into single loops (False: one loop per node)
-    "fuse": True,
-    # let producers write straight into a Concat's buffer when the pieces are contiguous
-    "concat_in_place": True,
-    # "auto" picks per Conv; "im2col" / "shift" / "direct" force one (for tests and comparisons)
-    "conv_strategy": "auto",
-    # how many threads the generated code splits GEMMs and loops for (None: byoc's pool size, which
-    # BYOC_NUM_THREADS sets); the chunks run on byoc's pool (byoc.kernels.threads.parallel_for)
-    "threads": None,
-    # where generated modules and Numba's machine code are cached (None: $BYOC_CPU_CACHE or ~/.cache/byoc/cpu)
-    "cache_dir": None,
-}
 
 #: sustained rates for the cost estimate: float32 GEMM FLOP/s and bytes/s moved by the loops
 _GEMM_FLOPS = 100e9
@@ -61,14 +46,14 @@ def _runtime_path() -> str:
         return "numba"
 
 
-@byoc.hookimpl
+@hookimpl
 def byoc_register_targets(register):
     register(Target(
         TARGET,
         version=__version__,
         description="CPU: each region becomes generated Numba kernels: packed GEMMs with fused epilogues",
         device="cpu",
-        options=dict(OPTIONS),
+        options=OPTIONS,
         # float32 throughout; GEMM blocking and fused epilogues reorder sums vs the host kernels
         rtol=1e-4,
         atol=1e-4,
@@ -80,62 +65,50 @@ def byoc_register_targets(register):
     ))
 
 
-@byoc.hookimpl
-def byoc_register_operators(target, register):
-    if target != TARGET:
-        return
+@hookimpl
+def byoc_register_operators(register):
     from byoc_cpu.support import check
 
     for op_type in OPERATORS:
         register(op_type, check)
 
 
-@byoc.hookimpl
-def byoc_register_patterns(target, register):
-    if target != TARGET:
-        return
+@hookimpl
+def byoc_register_patterns(register):
     from byoc_cpu.patterns import patterns
 
     for pattern in patterns():
         register(pattern)
 
 
-def has_compute(region):
+def has_compute(region, ctx):
     """Drop regions of views only (Reshape, Flatten, ...): there is no code to generate."""
     if all(n.op_type in ALIAS for n in region.nodes):
         return "only reshapes: nothing to compute"
     return True
 
 
-@byoc.hookimpl
-def byoc_register_rules(target, register):
-    if target != TARGET:
-        return
+@hookimpl
+def byoc_register_rules(register):
     register(Rule("has_compute", has_compute, "a region must compute something (not only reshape)"))
 
 
-@byoc.hookimpl
-def byoc_codegen(target, region, options):
-    if target != TARGET:
-        return None
+@hookimpl
+def byoc_codegen(region, options):
     from byoc_cpu.codegen import generate
 
     return generate(region, options)
 
 
-@byoc.hookimpl
-def byoc_runtime(target, artifact, options):
-    if target != TARGET:
-        return None
+@hookimpl
+def byoc_runtime(artifact, options):
     from byoc_cpu.runtime import load
 
     return load(artifact, options)
 
 
-@byoc.hookimpl
-def byoc_cost(target, region, options):
-    if target != TARGET:
-        return None
+@hookimpl
+def byoc_cost(region):
     if region.model is None:
         return None
     from byoc_cpu.lower import Lowering, LoweringError

@@ -32,8 +32,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from byoc.errors import InputError, PluginError
-from byoc.partition.types import Artifact
+from byoc.contract import InputError, PluginError
+from byoc.contract import Artifact
 
 from byoc_cpu import CODEGEN_VERSION
 from byoc_cpu.artifact import FORMAT, TARGET, sha256, unpack_constants

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from byoc.partition.types import SupportContext
+from byoc.contract import SupportContext
 
 from byoc_cpu.ops import OPERATORS, Unsupported, analyze
 

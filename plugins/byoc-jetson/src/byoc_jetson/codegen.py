@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import onnx
 import onnx_ir as ir
 
-from byoc.partition.types import Artifact, Region
+from byoc.contract import Artifact, Region
 from byoc_jetson.options import runtime_path
 
 FORMAT = "onnx"

@@ -23,9 +23,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from byoc.kernels import make_kernel
-from byoc.kernels.registry import NodeSpec
-from byoc.runtime.plan import Plan, build_plan
+from byoc.contract import host_callable
 
 PATTERN_KEY = "byoc.pattern"
 
@@ -79,23 +77,21 @@ class EmulatedRegion:
         if self.fp16:
             _round_weights(model.graph)
 
-        def factory(node: ir.Node, spec: NodeSpec):
-            run = make_kernel(spec)
+        def wrap(node: ir.Node, run):
             if not self.fp16 or _fused_interior(node):
                 return run
             return _rounding(run)
 
-        self.plan: Plan = build_plan(model.graph, step_factory=factory)
-        self.input_names = [s.name for s in self.plan.input_specs()]
-        self.output_names = self.plan.output_names()
+        self.body = host_callable(model, wrap=wrap)
+        self.input_names = list(self.body.input_names)
+        self.output_names = list(self.body.output_names)
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         if len(inputs) != len(self.input_names):
             raise ValueError(f"expected {len(self.input_names)} inputs ({self.input_names}), got {len(inputs)}")
         if self.fp16:
             inputs = tuple(to_fp16(np.asarray(x)) for x in inputs)
-        out = self.plan.execute(dict(zip(self.input_names, inputs)))
-        return [out[name] for name in self.output_names]
+        return self.body(*inputs)
 
 
 __all__ = ["EmulatedRegion", "to_fp16"]

@@ -1,92 +1,53 @@
-"""The jetson target's options: defaults, validation, and which runtime path is active.
+"""The jetson target's options: declarations, and which runtime path is active.
 
-Options reach the plugin through ``byoc.compile(..., target_options={"jetson": {...}})``; the
-core rejects unknown keys, this module rejects bad values (:class:`byoc.errors.OptionError`).
+Options reach the plugin through ``byoc.compile(..., target_options={"jetson": {...}})``; byoc
+validates them against :data:`OPTIONS` (unknown keys and bad values raise
+:class:`byoc.OptionError`) and hands every hook the full set, defaults filled in.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from byoc.errors import OptionError
+from byoc.contract import Option, Target, resolve_options
 
-#: the default options (JSON values only: they travel in bundles)
-DEFAULT_OPTIONS: dict[str, Any] = {
-    # "fp16" lets TensorRT pick half-precision kernels (BuilderFlag.FP16); "fp32" keeps float32
-    "precision": "fp16",
-    # builder workspace (IBuilderConfig.set_memory_pool_limit(WORKSPACE, ...)), in bytes
-    "workspace": 1 << 30,
-    # engine cache folder; None: $BYOC_JETSON_CACHE, else ~/.cache/byoc/jetson
-    "cache_dir": None,
-    # build the TensorRT engine while compiling instead of on the first run
-    "precompile": False,
-    # a region needs at least this many nodes (and always at least one Conv/ConvTranspose/Gemm/MatMul)
-    "min_subgraph_size": 1,
-    # at most this many regions (engines) per model, the first ones in graph order; None: no limit
-    "max_regions": None,
-    # the optimisation profile's largest batch for regions whose batch dimension is dynamic
-    "max_batch_size": 8,
-    # "auto": TensorRT when the tensorrt package and a CUDA GPU are present, else "emulation"
-    "runtime": "auto",
-}
+#: the declared options (JSON values only: they travel in bundles)
+OPTIONS = [
+    Option("precision", "fp16", choices=("fp32", "fp16"),
+           doc='"fp16" lets TensorRT pick half-precision kernels (BuilderFlag.FP16); "fp32" keeps float32'),
+    Option("workspace", 1 << 30, type=int, minimum=1 << 20,
+           doc="builder workspace (IBuilderConfig.set_memory_pool_limit(WORKSPACE, ...)), in bytes"),
+    Option("cache_dir", None, type=str, machine_local=True,
+           doc="engine cache folder; None: $BYOC_JETSON_CACHE, else ~/.cache/byoc/jetson"),
+    Option("precompile", False, type=bool, doc="build the TensorRT engine while compiling instead of on the first run"),
+    Option("min_subgraph_size", 1, type=int, minimum=1,
+           doc="a region needs at least this many nodes (and always a Conv/ConvTranspose/Gemm/MatMul)"),
+    Option("max_regions", None, type=int, minimum=1,
+           doc="at most this many regions (engines) per graph, the first ones in graph order; None: no limit"),
+    Option("max_batch_size", 8, type=int, minimum=1,
+           doc="the optimisation profile's largest batch for regions whose batch dimension is dynamic"),
+    Option("runtime", "auto", choices=("auto", "tensorrt", "emulation"),
+           doc='"auto": TensorRT when the tensorrt package and a CUDA GPU are present, else "emulation"'),
+]
+
+#: ``{name: default}``
+DEFAULT_OPTIONS: dict[str, Any] = {o.name: o.default for o in OPTIONS}
 
 PRECISIONS = ("fp32", "fp16")
 RUNTIMES = ("auto", "tensorrt", "emulation")
 
 
-def _int_option(opts: Mapping[str, Any], key: str, low: int, allow_none: bool = False) -> None:
-    value = opts[key]
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        more = " or None" if allow_none else ""
-        raise OptionError(f"jetson option {key!r} must be an integer >= {low}{more}, got {value!r}")
-
-
 def validate_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The full option set (defaults filled in), or :class:`OptionError` naming the bad option."""
-    opts = dict(DEFAULT_OPTIONS)
-    for key, value in (options or {}).items():
-        if key not in DEFAULT_OPTIONS:
-            raise OptionError(f"jetson has no option {key!r}; its options: {sorted(DEFAULT_OPTIONS)}")
-        opts[key] = value
-    if opts["precision"] not in PRECISIONS:
-        raise OptionError(f"jetson option 'precision' must be one of {list(PRECISIONS)}, got {opts['precision']!r}")
-    if opts["runtime"] not in RUNTIMES:
-        raise OptionError(f"jetson option 'runtime' must be one of {list(RUNTIMES)}, got {opts['runtime']!r}")
-    _int_option(opts, "workspace", 1 << 20)
-    _int_option(opts, "min_subgraph_size", 1)
-    _int_option(opts, "max_regions", 1, allow_none=True)
-    _int_option(opts, "max_batch_size", 1)
-    if not isinstance(opts["precompile"], bool):
-        raise OptionError(f"jetson option 'precompile' must be True or False, got {opts['precompile']!r}")
-    cache_dir = opts["cache_dir"]
-    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-        raise OptionError(f"jetson option 'cache_dir' must be a folder path or None, got {cache_dir!r}")
-    return opts
+    """The full option set (defaults filled in), validated as byoc does (:class:`byoc.OptionError`).
 
-
-@functools.lru_cache(maxsize=64)
-def _validate_cached(frozen: str) -> str | None:
-    try:
-        validate_options(json.loads(frozen))
-    except OptionError as exc:
-        return str(exc)
-    return None
-
-
-def option_problem(options: Mapping[str, Any] | None) -> str | None:
-    """The validation error message for ``options``, or ``None`` (cached: support checks call this per node)."""
-    try:
-        frozen = json.dumps(dict(options or {}), sort_keys=True, default=str)
-    except TypeError as exc:  # pragma: no cover - default=str makes everything serialisable
-        return f"jetson options are not JSON values: {exc}"
-    return _validate_cached(frozen)
+    Hooks receive options byoc already validated; this is for code and tests that call the
+    plugin's pieces directly.
+    """
+    return resolve_options(Target("jetson", options=OPTIONS), options)
 
 
 def cache_dir(options: Mapping[str, Any]) -> Path:
@@ -163,7 +124,6 @@ __all__ = [
     "PRECISIONS",
     "cache_dir",
     "gpu_available",
-    "option_problem",
     "runtime_path",
     "tensorrt_available",
     "validate_options",

@@ -1,16 +1,15 @@
 """Composite patterns TensorRT fuses into one kernel (named ``jetson.<pattern>``).
 
-A match is placed as one unit and shows in the report under its pattern name. The core takes
-a composite as a candidate without asking the per-node checks, so every pattern's check runs
-:func:`byoc_jetson.support.check_node` on each member (a member TensorRT cannot run rejects the
-whole match, with that member's reason).
+A match is placed as one unit and shows in the report under its pattern name. byoc accepts a
+match only when every member node has a "yes" verdict for jetson (the per-node checks in
+:mod:`byoc_jetson.support`), so the checks here judge only the composite as a whole.
 """
 
 from __future__ import annotations
 
-from byoc.partition.patterns import Match, PatternExpr, alt, any_value, const, op, tail
-from byoc.partition.types import Pattern, SupportContext
-from byoc_jetson.support import MAC_OPS, check_node
+from byoc.contract.patterns import Match, PatternExpr, alt, any_value, const, op, tail
+from byoc.contract import Pattern, SupportContext
+from byoc_jetson.support import MAC_OPS
 
 #: activations TensorRT fuses into a convolution / fully connected layer's epilogue
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "HardSigmoid", "Softplus", "HardSwish")
@@ -45,19 +44,6 @@ def _chain(length: int) -> PatternExpr:
     return expr
 
 
-def _members_supported(match: Match, ctx: SupportContext) -> str | None:
-    for node in match.nodes:
-        reason = check_node(node, ctx)
-        if reason:
-            return f"{node.name}: {reason}"
-    return None
-
-
-def _check_members(match: Match, ctx: SupportContext):
-    reason = _members_supported(match, ctx)
-    return True if reason is None else reason
-
-
 def _epilogue_of_mac(node, match: Match) -> str | None:
     """``node`` would fuse into the epilogue of a MAC just before the match: leave it to that MAC."""
     inside = {id(n) for n in match.nodes}
@@ -82,7 +68,7 @@ def _check_chain(match: Match, ctx: SupportContext):
         reason = _epilogue_of_mac(node, match)
         if reason:
             return reason
-    return _check_members(match, ctx)
+    return True
 
 
 _MAC_PRIORITY = 30
@@ -91,7 +77,6 @@ PATTERNS: list[Pattern] = [
     Pattern(
         "jetson.conv2d_bias_act",
         tail(_conv(), *ACTIVATIONS, label="act"),
-        check=_check_members,
         priority=_MAC_PRIORITY,
         description="Conv (+ bias as an input or an Add of a constant) + optional activation: one TensorRT "
         "convolution with a fused epilogue",
@@ -99,7 +84,6 @@ PATTERNS: list[Pattern] = [
     Pattern(
         "jetson.gemm_bias_act",
         tail(_gemm(), *ACTIVATIONS, label="act"),
-        check=_check_members,
         priority=_MAC_PRIORITY,
         description="Gemm, or MatMul + Add of a constant, + optional activation: one fully connected layer",
     ),
@@ -118,7 +102,6 @@ PATTERNS: list[Pattern] = [
     Pattern(
         "jetson.softmax",
         op(("Softmax", "LogSoftmax"), any_value(), label="softmax"),
-        check=_check_members,
         priority=10,
         description="Softmax / LogSoftmax: TensorRT's fused softmax layer",
     ),

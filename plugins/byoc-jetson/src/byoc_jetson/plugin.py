@@ -1,16 +1,19 @@
-"""The jetson plugin's hook implementations (entry point ``byoc: jetson = byoc_jetson.plugin``)."""
+"""The jetson plugin's hook implementations (entry point ``byoc: jetson = byoc_jetson.plugin``).
+
+byoc calls the target-scoped hooks only for ``jetson`` and hands them options it validated
+against :data:`byoc_jetson.options.OPTIONS`, so no hook checks the target name or the options.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-import byoc
-from byoc.partition.types import Artifact, Region
+from byoc.contract import HOOK_API_VERSION, Artifact, Pattern, Region, Rule, Target, hookimpl
 from byoc_jetson import __version__
 from byoc_jetson.codegen import FORMAT, generate
-from byoc_jetson.options import DEFAULT_OPTIONS, runtime_path, validate_options
+from byoc_jetson.options import DEFAULT_OPTIONS, OPTIONS, runtime_path
 from byoc_jetson.patterns import patterns
-from byoc_jetson.rules import begin_partition, rules
+from byoc_jetson.rules import rules
 from byoc_jetson.support import NOT_SUPPORTED, OPERATORS, make_check, node_macs
 
 TARGET = "jetson"
@@ -20,75 +23,55 @@ RTOL = 1e-2
 ATOL = 1e-3
 
 
-def make_target() -> byoc.Target:
-    return byoc.Target(
+def make_target() -> Target:
+    return Target(
         name=TARGET,
         version=__version__,
         description="NVIDIA TensorRT (Jetson): TensorRT engines on a CUDA GPU, a float16 CPU emulation without one",
         device="gpu",
-        options=dict(DEFAULT_OPTIONS),
+        options=OPTIONS,
         rtol=RTOL,
         atol=ATOL,
         priority=20,
-        api_version=byoc.HOOK_API_VERSION,
+        api_version=HOOK_API_VERSION,
         runtime_path=runtime_path(DEFAULT_OPTIONS),
     )
 
 
-@byoc.hookimpl
-def byoc_register_targets(register: Callable[[byoc.Target], None]) -> None:
+@hookimpl
+def byoc_register_targets(register: Callable[[Target], None]) -> None:
     register(make_target())
 
 
-@byoc.hookimpl
-def byoc_register_operators(target: str, register: Callable[..., None]) -> None:
-    if target != TARGET:
-        return
+@hookimpl
+def byoc_register_operators(register: Callable[..., None]) -> None:
     # the refused ones too, so the report gives TensorRT's reason
     for op_type in sorted(set(OPERATORS) | NOT_SUPPORTED):
         register(op_type, make_check(op_type))
 
 
-@byoc.hookimpl
-def byoc_register_patterns(target: str, register: Callable[[byoc.Pattern], None]) -> None:
-    if target != TARGET:
-        return
+@hookimpl
+def byoc_register_patterns(register: Callable[[Pattern], None]) -> None:
     for pattern in patterns():
         register(pattern)
 
 
-@byoc.hookimpl
-def byoc_register_rules(target: str, register: Callable[[byoc.Rule], None]) -> None:
-    if target != TARGET:
-        return
+@hookimpl
+def byoc_register_rules(register: Callable[[Rule], None]) -> None:
     for rule in rules():
         register(rule)
 
 
-@byoc.hookimpl
-def byoc_pre_partition(target: str, model: Any, options: Mapping[str, Any]) -> None:
-    if target != TARGET:
-        return
-    # hand the options to the partition rules; an invalid option is reported here (the support
-    # checks then keep every node on the host with the same message)
-    begin_partition(options)
-    validate_options(options)
+@hookimpl
+def byoc_codegen(region: Region, options: Mapping[str, Any]) -> Artifact | None:
+    return generate(region, dict(options))
 
 
-@byoc.hookimpl
-def byoc_codegen(target: str, region: Region, options: Mapping[str, Any]) -> Artifact | None:
-    if target != TARGET:
-        return None
-    return generate(region, validate_options(options))
-
-
-@byoc.hookimpl
-def byoc_runtime(target: str, artifact: Artifact, options: Mapping[str, Any]) -> Callable[..., Any] | None:
-    if target != TARGET:
-        return None
+@hookimpl
+def byoc_runtime(artifact: Artifact, options: Mapping[str, Any]) -> Callable[..., Any] | None:
     if artifact.format != FORMAT:
         raise ValueError(f"jetson artifact of format {artifact.format!r}, expected {FORMAT!r}")
-    opts = validate_options(options)
+    opts = dict(options)
     if runtime_path(opts) == "tensorrt":
         from byoc_jetson.tensorrt_rt import TensorRTRegion
 
@@ -105,10 +88,8 @@ _BANDWIDTH = 150e9
 _LAUNCH = 50e-6
 
 
-@byoc.hookimpl
-def byoc_cost(target: str, region: Region, options: Mapping[str, Any]) -> float | None:
-    if target != TARGET:
-        return None
+@hookimpl
+def byoc_cost(region: Region, options: Mapping[str, Any]) -> float | None:
     macs = sum(node_macs(n) for n in region.nodes)
     moved = 0
     for v in list(region.inputs) + list(region.outputs):

@@ -2,16 +2,17 @@
 
 Modelled on the operator matrix of onnx-tensorrt (the parser TensorRT ships) and on the limits
 of TensorRT's layers. Every check returns ``None`` to accept or a reason string to reject; the
-reason lands in the placement report. The checks, in order:
+reason lands in the placement report. (The options in ``ctx.options`` are already validated by
+byoc against the declared ones.) The checks, in order:
 
-1. the jetson options are valid (an invalid option keeps every node on the host);
-2. tensor types (inputs first, outputs after the operator's own check): TensorRT computes in float32/float16, int32 and bool. There is **no int64
-   compute** (int64 and double tensors stay on the host); constant int64 inputs that only feed
-   shapes, axes or indices (Reshape's shape, Slice's starts, Gather's indices) are fine;
-3. **static shapes except the batch dimension**: every tensor's rank and every dimension but
+1. tensor types (inputs first, outputs after the operator's own check): TensorRT computes in
+   float32/float16, int32 and bool. There is **no int64 compute** (int64 and double tensors stay
+   on the host); constant int64 inputs that only feed shapes, axes or indices (Reshape's shape,
+   Slice's starts, Gather's indices) are fine;
+2. **static shapes except the batch dimension**: every tensor's rank and every dimension but
    the first must be known at compile time (the engine is specialised to them);
-4. the operator's own limits (below, one commented check per operator);
-5. on the CPU emulation path, the host kernels must be able to emulate the node.
+3. the operator's own limits (below, one commented check per operator);
+4. on the CPU emulation path, the host kernels must be able to emulate the node.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from byoc.partition.types import SupportContext
-from byoc_jetson.options import option_problem, runtime_path
+from byoc.contract import SupportContext
+from byoc_jetson.options import runtime_path
 
 DT = ir.DataType
 F = frozenset({DT.FLOAT, DT.FLOAT16})
@@ -480,9 +481,6 @@ def host_kernel_available(op_type: str, domain: str = "") -> bool:
 def check_node(node: ir.Node, ctx: SupportContext) -> str | None:
     """The full verdict for one node: ``None`` when jetson takes it, else the reason."""
     options: Mapping[str, Any] = ctx.options or {}
-    problem = option_problem(options)
-    if problem:
-        return f"{node.op_type}: invalid jetson options: {problem}"
     entry = OPERATORS.get(node.op_type) if (node.domain or "") in ("", "ai.onnx") else None
     if entry is None and node.op_type in NOT_SUPPORTED and (node.domain or "") in ("", "ai.onnx"):
         return f"{node.op_type}: not supported by TensorRT's ONNX parser"

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from byoc.partition.types import Artifact
+from byoc.contract import Artifact
 from byoc_jetson.cache import EngineCache, EngineKey
 from byoc_jetson.codegen import builder_config, subgraph_hash
 from byoc_jetson.options import _cudart, cache_dir

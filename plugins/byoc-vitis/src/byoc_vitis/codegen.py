@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from byoc.errors import QuantizationError
-from byoc.partition.types import Artifact, Region
+from byoc.contract import QuantizationError
+from byoc.contract import Artifact, Region
 from byoc.quantize import QdqView, read_qdq, requant_multiplier
 from byoc_vitis.program import (
     ACT_LEAKY,
@@ -419,7 +419,7 @@ def _conv_pads_proto(node: onnx.NodeProto, in_hw, kernel, strides, dilations) ->
 
 def resize_maps(node: onnx.NodeProto, in_shape, out_shape, floats: Mapping[str, np.ndarray]):
     """Source row/column of every output row/column of a nearest Resize, found by running it on a probe."""
-    from byoc.runtime.subgraph import host_callable
+    from byoc.contract import host_callable
 
     h, w = in_shape[2], in_shape[3]
     probe = np.arange(h * w, dtype=np.float32).reshape(1, 1, h, w)

@@ -1,12 +1,14 @@
-"""The vitis plugin's hook implementations (entry point ``byoc: vitis = byoc_vitis.plugin``)."""
+"""The vitis plugin's hook implementations (entry point ``byoc: vitis = byoc_vitis.plugin``).
+
+byoc calls the target-scoped hooks only for ``vitis`` and hands them options it validated
+against :data:`OPTIONS`, so no hook checks the target name or the options.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-import byoc
-from byoc.errors import OptionError
-from byoc.partition.types import Artifact, Region
+from byoc.contract import HOOK_API_VERSION, Artifact, Option, Region, Rule, Target, hookimpl
 from byoc_vitis import __version__
 from byoc_vitis.codegen import generate
 from byoc_vitis.program import FORMAT, loads
@@ -19,86 +21,65 @@ TARGET = "vitis"
 #: chosen by histogram MSE (see README.md, "Calibration")
 QUANTIZATION = {"activations": "pow2", "weights": "per_tensor", "method": "percentile", "percentile": 99.99}
 
-DEFAULT_OPTIONS: dict[str, Any] = {
-    # overrides of QUANTIZATION keys, e.g. {"weights": "per_channel"}
-    "quantization": {},
-    # "numba" (the integer engine) or "reference" (the numpy int64 reference: slow, same bits)
-    "engine": "numba",
-    # accept grouped convolutions other than depthwise (a real DPU does not)
-    "grouped_conv": False,
-}
+OPTIONS = [
+    Option("quantization", {}, type=dict,
+           doc='overrides of the quantisation scheme\'s keys, e.g. {"weights": "per_channel"}'),
+    Option("engine", "numba", choices=("numba", "reference"),
+           doc='"numba" (the integer engine) or "reference" (the numpy int64 reference: slow, same bits)'),
+    Option("grouped_conv", False, type=bool, doc="accept grouped convolutions other than depthwise (a real DPU "
+                                                 "does not)"),
+]
+
+#: ``{name: default}``
+DEFAULT_OPTIONS: dict[str, Any] = {o.name: o.default for o in OPTIONS}
 
 #: int8 outputs: about one quantisation step of a typical output range (README.md, "Tolerance")
 RTOL = 0.05
 ATOL = 0.05
 
 
-def make_target() -> byoc.Target:
-    return byoc.Target(
+def make_target() -> Target:
+    return Target(
         name=TARGET,
         version=__version__,
         description="Xilinx/AMD Vitis-AI DPU (int8): DPU programs on a bit-accurate integer engine",
         device="dpu",
-        options=dict(DEFAULT_OPTIONS),
+        options=OPTIONS,
         rtol=RTOL,
         atol=ATOL,
         priority=10,
-        api_version=byoc.HOOK_API_VERSION,
+        api_version=HOOK_API_VERSION,
         needs_calibration=True,
         quantization=dict(QUANTIZATION),
         runtime_path="emulation",
     )
 
 
-def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    opts = {**DEFAULT_OPTIONS, **dict(options)}
-    if opts["engine"] not in ("numba", "reference"):
-        raise OptionError(f"vitis: option engine must be 'numba' or 'reference', got {opts['engine']!r}")
-    if not isinstance(opts["grouped_conv"], bool):
-        raise OptionError(f"vitis: option grouped_conv must be a bool, got {opts['grouped_conv']!r}")
-    return opts
-
-
-@byoc.hookimpl
-def byoc_register_targets(register: Callable[[byoc.Target], None]) -> None:
+@hookimpl
+def byoc_register_targets(register: Callable[[Target], None]) -> None:
     register(make_target())
 
 
-@byoc.hookimpl
-def byoc_register_operators(target: str, register: Callable[..., None]) -> None:
-    if target != TARGET:
-        return
+@hookimpl
+def byoc_register_operators(register: Callable[..., None]) -> None:
     for op_type in OPERATORS:
         register(op_type, make_check(op_type))
 
 
-@byoc.hookimpl
-def byoc_register_rules(target: str, register: Callable[[byoc.Rule], None]) -> None:
-    if target != TARGET:
-        return
-    register(byoc.Rule("needs_mac", rule_needs_mac, "drop regions without a Conv/ConvTranspose/Gemm/MatMul"))
+@hookimpl
+def byoc_register_rules(register: Callable[[Rule], None]) -> None:
+    register(Rule("needs_mac", rule_needs_mac, "drop regions without a Conv/ConvTranspose/Gemm/MatMul"))
 
 
-@byoc.hookimpl
-def byoc_pre_partition(target: str, model: Any, options: Mapping[str, Any]) -> None:
-    if target == TARGET:
-        validate_options(options)
-
-
-@byoc.hookimpl
-def byoc_codegen(target: str, region: Region, options: Mapping[str, Any]) -> Artifact | None:
-    if target != TARGET:
-        return None
-    validate_options(options)
+@hookimpl
+def byoc_codegen(region: Region, options: Mapping[str, Any]) -> Artifact | None:
     return generate(region, options)
 
 
-@byoc.hookimpl
-def byoc_runtime(target: str, artifact: Artifact, options: Mapping[str, Any]) -> Callable[..., Any] | None:
-    if target != TARGET:
-        return None
+@hookimpl
+def byoc_runtime(artifact: Artifact, options: Mapping[str, Any]) -> Callable[..., Any] | None:
     if artifact.format != FORMAT:
         raise ValueError(f"vitis artifact of format {artifact.format!r}, expected {FORMAT!r}")
     from byoc_vitis.engine import DPURegion
 
-    return DPURegion(loads(artifact.data), validate_options(options)["engine"])
+    return DPURegion(loads(artifact.data), options["engine"])

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx_ir as ir
 
-from byoc.partition.types import SupportContext
+from byoc.contract import SupportContext
 from byoc_vitis.program import LEAKY_ALPHA
 
 #: DPU limits (README.md, "Operators and limits")
@@ -410,7 +410,7 @@ def make_check(op_type: str) -> Check:
     return check
 
 
-def rule_needs_mac(region) -> str | None:
+def rule_needs_mac(region, ctx=None) -> str | None:
     """Drop a region without a MAC operator: the border quantise/dequantise costs more than it saves."""
     if not any(n.op_type in MAC_OPS for n in region.nodes):
         ops = ", ".join(sorted({n.op_type for n in region.nodes}))

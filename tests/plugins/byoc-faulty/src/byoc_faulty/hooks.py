@@ -7,9 +7,7 @@ Unless ``BYOC_FAULT`` names one of :data:`MODES`, the module registers nothing.
 
 from __future__ import annotations
 
-import byoc
-from byoc.partition import Pattern, Rule, any_value, op
-from byoc.runtime.subgraph import host_callable, region_model_bytes
+from byoc.contract import Artifact, Pattern, Rule, Target, any_value, hookimpl, host_callable, op, region_model_bytes
 
 from byoc_faulty import __version__, active, modes
 
@@ -34,21 +32,17 @@ class FaultyPluginError(RuntimeError):
     """What the broken hooks raise (tests look for this name in warnings and errors)."""
 
 
-def _mine(target: str) -> bool:
-    return target == TARGET and _on()
-
-
-@byoc.hookimpl
+@hookimpl
 def byoc_register_targets(register):
     if not _on():
         return
     if active("targets-raise"):
         raise FaultyPluginError("simulated failure in byoc_register_targets")
     if active("targets-wrong-type"):
-        register(TARGET)  # a string, not a byoc.Target
+        register(TARGET)  # a string, not a Target
         return
-    register(byoc.Target(TARGET, version=__version__, description="fault-injection chip", device="npu",
-                         priority=10, rtol=0.0, atol=0.0))
+    register(Target(TARGET, version=__version__, description="fault-injection chip", device="npu",
+                    priority=10, rtol=0.0, atol=0.0))
 
 
 def _check(node, ctx):
@@ -59,9 +53,9 @@ def _check(node, ctx):
     return True
 
 
-@byoc.hookimpl
-def byoc_register_operators(target, register):
-    if not _mine(target):
+@hookimpl
+def byoc_register_operators(register):
+    if not _on():
         return
     if active("operators-raise"):
         raise FaultyPluginError("simulated failure in byoc_register_operators")
@@ -75,15 +69,14 @@ def _pattern_check(match, ctx):
     return True
 
 
-@byoc.hookimpl
-def byoc_register_patterns(target, register):
-    # only where a test looks at it: a composite is placed on its pattern check alone, so it
-    # would keep Neg/Relu on faultchip when the operator checks are the fault under test
-    if _mine(target) and (active("ok") or active("pattern-raise")):
+@hookimpl
+def byoc_register_patterns(register):
+    # only where a test looks at it
+    if _on() and (active("ok") or active("pattern-raise")):
         register(Pattern(f"{TARGET}.neg_relu", op("Relu", op("Neg", any_value())), check=_pattern_check))
 
 
-def _rule(region):
+def _rule(region, ctx):
     nodes = region.nodes
     if active("rule-raise"):
         raise FaultyPluginError(f"simulated failure in a rule at {nodes[0].name}")
@@ -98,27 +91,27 @@ def _rule(region):
     return None
 
 
-@byoc.hookimpl
-def byoc_register_rules(target, register):
-    if _mine(target):
+@hookimpl
+def byoc_register_rules(register):
+    if _on():
         register(Rule("shape_up", _rule, "misbehaves on demand"))
 
 
-@byoc.hookimpl
-def byoc_pre_partition(target, model, options):
-    if _mine(target) and active("pre-partition-raise"):
+@hookimpl
+def byoc_pre_partition(model, options):
+    if _on() and active("pre-partition-raise"):
         raise FaultyPluginError("simulated failure in byoc_pre_partition")
 
 
-@byoc.hookimpl
-def byoc_post_partition(target, region, options):
-    if _mine(target) and active("post-partition-raise"):
+@hookimpl
+def byoc_post_partition(region, options):
+    if _on() and active("post-partition-raise"):
         raise FaultyPluginError(f"simulated failure in byoc_post_partition for {region.name}")
 
 
-@byoc.hookimpl
-def byoc_codegen(target, region, options):
-    if not _mine(target):
+@hookimpl
+def byoc_codegen(region, options):
+    if not _on():
         return None
     if active("codegen-raise"):
         raise FaultyPluginError(f"simulated failure generating {region.name}")
@@ -129,16 +122,16 @@ def byoc_codegen(target, region, options):
     metadata = {"inputs": [v.name for v in region.inputs], "outputs": [v.name for v in region.outputs]}
     if active("codegen-bad-metadata"):
         metadata["engine"] = object()  # not JSON-serialisable
-    return byoc.Artifact(TARGET, "onnx", region_model_bytes(region.model), metadata)
+    return Artifact(TARGET, "onnx", region_model_bytes(region.model), metadata)
 
 
 def _raising(*inputs):
     raise FaultyPluginError("simulated device error while running")
 
 
-@byoc.hookimpl
-def byoc_runtime(target, artifact, options):
-    if not _mine(target):
+@hookimpl
+def byoc_runtime(artifact, options):
+    if not _on():
         return None
     if active("runtime-raise"):
         raise FaultyPluginError("simulated failure loading the engine")
@@ -152,9 +145,9 @@ def byoc_runtime(target, artifact, options):
     return program
 
 
-@byoc.hookimpl
-def byoc_cost(target, region, options):
-    if not _mine(target):
+@hookimpl
+def byoc_cost(region, options):
+    if not _on():
         return None
     if active("cost-raise"):
         raise FaultyPluginError("simulated failure estimating cost")

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Mapping
 
-import byoc
-from byoc.partition import Pattern, Rule, any_value, const, op
-from byoc.runtime.subgraph import host_callable, region_model_bytes
+from byoc.contract import (Artifact, Option, Pattern, Rule, Target, any_value, const, hookimpl, host_callable, op,
+                           region_model_bytes)
 
 from byoc_testplugin import __version__
 
@@ -21,7 +20,7 @@ TARGET = "testchip"
 OPERATORS = ("Relu", "Neg", "Add", "Mul", "Sigmoid", "Tanh", "Clip", "Conv", "Gemm", "MatMul")
 #: operators that use the chip's multiply-accumulate array
 MAC_OPS = frozenset({"Conv", "Gemm", "MatMul"})
-#: the ``max_nodes`` rule splits larger regions (a module constant: rules see no options)
+#: the ``max_nodes`` rule splits larger regions (a module constant)
 MAX_REGION_NODES = 24
 #: calls of each region's runtime, by region name (the tests read and clear it)
 CALLS: Counter[str] = Counter()
@@ -30,14 +29,15 @@ CALLS: Counter[str] = Counter()
 # -- targets ------------------------------------------------------------------------------
 
 
-@byoc.hookimpl
+@hookimpl
 def byoc_register_targets(register):
-    register(byoc.Target(
+    register(Target(
         TARGET,
         version=__version__,
         description="host-emulated test NPU (byoc integration tests)",
         device="npu",
-        options={"max_kernel": 7, "tag": "testchip"},
+        options=[Option("max_kernel", 7, type=int, minimum=1, doc="largest Conv kernel side"),
+                 Option("tag", "testchip", type=str, doc="written into the model's metadata by byoc_pre_partition")],
         rtol=0.0,
         atol=0.0,
         priority=-100,
@@ -93,10 +93,8 @@ def _check_gemm(node, ctx):
     return True
 
 
-@byoc.hookimpl
-def byoc_register_operators(target, register):
-    if target != TARGET:
-        return
+@hookimpl
+def byoc_register_operators(register):
     checks = {"Conv": _check_conv, "Add": _check_binary, "Mul": _check_binary, "Clip": _check_clip,
               "Gemm": _check_gemm}
     for op_type in OPERATORS:
@@ -114,10 +112,8 @@ def _conv_bias_relu_check(match, ctx):
     return _check_conv(conv, ctx)
 
 
-@byoc.hookimpl
-def byoc_register_patterns(target, register):
-    if target != TARGET:
-        return
+@hookimpl
+def byoc_register_patterns(register):
     register(Pattern(
         f"{TARGET}.conv_bias_relu",
         op("Relu", op("Conv", any_value(), const(), const(), label="conv"), label="relu"),
@@ -134,7 +130,7 @@ def byoc_register_patterns(target, register):
 # -- rules --------------------------------------------------------------------------------
 
 
-def needs_mac(region):
+def needs_mac(region, ctx):
     """Drop regions that would not use the MAC array: offloading them costs more than it saves."""
     if any(n.op_type in MAC_OPS for n in region.nodes):
         return True
@@ -143,7 +139,7 @@ def needs_mac(region):
     return "needs a MAC op (Conv, Gemm, MatMul or testchip.mul_add)"
 
 
-def split_max_nodes(region):
+def split_max_nodes(region, ctx):
     """Split regions of more than MAX_REGION_NODES nodes into pieces, in topological order.
 
     Consecutive pieces of a convex region stay cycle-free. A piece never ends inside a
@@ -172,10 +168,8 @@ def split_max_nodes(region):
     return pieces if len(pieces) > 1 else None
 
 
-@byoc.hookimpl
-def byoc_register_rules(target, register):
-    if target != TARGET:
-        return
+@hookimpl
+def byoc_register_rules(register):
     register(Rule("max_nodes", split_max_nodes, f"at most {MAX_REGION_NODES} nodes per region"))
     register(Rule("needs_mac", needs_mac, "a region must contain a MAC operation"))
 
@@ -183,29 +177,23 @@ def byoc_register_rules(target, register):
 # -- passes -------------------------------------------------------------------------------
 
 
-@byoc.hookimpl
-def byoc_pre_partition(target, model, options):
-    if target != TARGET:
-        return
+@hookimpl
+def byoc_pre_partition(model, options):
     # harmless and observable: stamp the model with what the pass saw
     model.metadata_props[f"{TARGET}.pre_partition"] = f"{options['tag']}:{len(model.graph)}"
 
 
-@byoc.hookimpl
-def byoc_post_partition(target, region, options):
-    if target != TARGET:
-        return
+@hookimpl
+def byoc_post_partition(region, options):
     region.model.metadata_props[f"{TARGET}.region"] = region.name
 
 
 # -- code generation and runtime ----------------------------------------------------------
 
 
-@byoc.hookimpl
-def byoc_codegen(target, region, options):
-    if target != TARGET:
-        return None
-    return byoc.Artifact(
+@hookimpl
+def byoc_codegen(region, options):
+    return Artifact(
         TARGET,
         "onnx",
         region_model_bytes(region.model),
@@ -223,7 +211,7 @@ def byoc_codegen(target, region, options):
 class _Engine:
     """The emulated device program: the region body on byoc's host kernels."""
 
-    def __init__(self, artifact: byoc.Artifact):
+    def __init__(self, artifact: Artifact):
         self.region = str(artifact.metadata.get("region", "?"))
         self.program = host_callable(artifact.data)
 
@@ -232,15 +220,11 @@ class _Engine:
         return self.program(*inputs)
 
 
-@byoc.hookimpl
-def byoc_runtime(target, artifact, options):
-    if target != TARGET:
-        return None
+@hookimpl
+def byoc_runtime(artifact, options):
     return _Engine(artifact)
 
 
-@byoc.hookimpl
-def byoc_cost(target, region, options: Mapping[str, Any]):
-    if target != TARGET:
-        return None
+@hookimpl
+def byoc_cost(region, options: Mapping[str, Any]):
     return 5e-6 + 1e-6 * len(region.nodes)

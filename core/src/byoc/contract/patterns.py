@@ -2,7 +2,7 @@
 
 Patterns are trees matched backwards from a root node::
 
-    from byoc.partition.patterns import op, any_value, const, alt, tail
+    from byoc.contract import op, any_value, const, alt, tail
 
     conv = op("Conv", any_value(), const(), const().optional(), label="conv")
     conv_bias_act = tail(conv, "Relu", "Clip", "LeakyRelu")       # optional activation tail

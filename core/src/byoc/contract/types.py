@@ -1,4 +1,9 @@
-"""The objects plugins and the partitioner exchange."""
+"""The objects plugins and the core exchange: targets, support contexts, patterns, rules,
+regions and artifacts.
+
+Everything here is part of the vendor contract (hook API version 2): import it from
+:mod:`byoc.contract`.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,17 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from byoc.contract.options import Option, normalize_options
+
 if TYPE_CHECKING:  # pragma: no cover
-    from byoc.partition.patterns import PatternExpr
+    from byoc.contract.patterns import Match, PatternExpr
+
+#: the ONNX domain and operator type of a node that stands for an offloaded region
+REGION_DOMAIN = "byoc"
+REGION_OP = "Region"
+
+#: the hook API version this contract defines (see :mod:`byoc.contract.hookspecs`)
+HOOK_API_VERSION = 2
 
 
 @dataclass
@@ -22,11 +36,16 @@ class Target:
     :param version: the plugin's version, recorded in bundles.
     :param description: one line for ``byoc targets``.
     :param device: device kind, e.g. ``"gpu"``, ``"dpu"``, ``"cpu"``.
-    :param options: default options; ``byoc.compile(..., target_options={name: {...}})`` overrides.
+    :param options: the options the target accepts, a list of :class:`byoc.contract.Option`
+        (name, type, default, allowed values, doc, machine-local or not). byoc validates
+        ``byoc.compile(..., target_options={name: {...}})`` and options read from a bundle
+        against them and hands every hook the full, validated set (defaults filled in). A plain
+        ``{name: default}`` dict is accepted as a list of untyped options.
     :param rtol: relative tolerance of this target's numerics vs the host reference.
     :param atol: absolute tolerance.
     :param priority: default priority when ``targets=None`` (higher first).
-    :param api_version: the hook API version the plugin was built for.
+    :param api_version: the hook API version the plugin was built for (default: this
+        contract's, :data:`HOOK_API_VERSION`).
     :param shape_policy: ``"dynamic"`` (artifacts accept any input shapes), ``"static"`` (byoc
         specialises the model per concrete input shapes, caching up to ``max_specializations``,
         then runs new shapes on the remaining targets/host) or ``"buckets"`` (specialise only for
@@ -46,11 +65,11 @@ class Target:
     version: str = "0"
     description: str = ""
     device: str = "accelerator"
-    options: dict[str, Any] = field(default_factory=dict)
+    options: Sequence[Option] | Mapping[str, Any] = field(default_factory=list)
     rtol: float = 1e-4
     atol: float = 1e-5
     priority: int = 0
-    api_version: int = 1
+    api_version: int = HOOK_API_VERSION
     shape_policy: str = "dynamic"
     shape_buckets: list[dict[str, tuple[int, ...]]] = field(default_factory=list)
     max_specializations: int = 8
@@ -62,13 +81,35 @@ class Target:
     #: what ``byoc targets`` shows as the active runtime path (e.g. "emulation", "tensorrt")
     runtime_path: str = ""
 
+    def __post_init__(self) -> None:
+        self.options = normalize_options(self.name, self.options)
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """``{option name: default}`` for every declared option."""
+        return {o.name: o.default for o in self.options}
+
+    def option(self, name: str) -> Option | None:
+        """The declared option ``name``, or ``None``."""
+        for o in self.options:
+            if o.name == name:
+                return o
+        return None
+
 
 @dataclass(frozen=True)
 class SupportContext:
-    """What an operator check sees besides the node."""
+    """What a support check, a pattern check and a partition rule see besides their subject.
+
+    :param target: the target being partitioned for.
+    :param options: the target's validated options (defaults filled in).
+    :param state: a scratch dict, fresh for each partitioning of one graph for this target: a
+        rule may keep counts in it (e.g. "at most N regions").
+    """
 
     target: str
     options: Mapping[str, Any]
+    state: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @staticmethod
     def shape(value: ir.Value | None) -> tuple | None:
@@ -89,36 +130,37 @@ class SupportContext:
         return None if value is None else value.dtype
 
 
-#: ``check(node, ctx) -> True | None | False | str`` (a string is the rejection reason)
-SupportCheck = Callable[[ir.Node, SupportContext], Any]
-
-
 @dataclass
 class Pattern:
     """A named composite pattern: ``name`` is ``"<target>.<pattern>"``.
 
-    :param expr: the dataflow pattern (see :mod:`byoc.partition.patterns`).
-    :param check: optional ``check(match, ctx) -> True | None | False | str``.
+    :param expr: the dataflow pattern (see :mod:`byoc.contract.patterns`).
+    :param check: optional ``check(match, ctx) -> True | None | False | str`` with the
+        :class:`Match` and the :class:`SupportContext`. The core itself refuses a match when one
+        of its member nodes has no support verdict for the target, so a check only needs to
+        judge the composite as a whole.
     :param priority: larger tries first; default: the pattern's node count (longest match wins).
     """
 
     name: str
     expr: "PatternExpr"
-    check: Callable[..., Any] | None = None
+    check: "Callable[[Match, SupportContext], Any] | None" = None
     priority: int | None = None
     description: str = ""
 
 
 @dataclass
 class Rule:
-    """A partition rule: ``fn(region) -> None | True | False | str | list[list[ir.Node]]``.
+    """A partition rule: ``fn(region, ctx) -> None | True | False | str | list[list[ir.Node]]``.
 
-    ``None``/``True`` keeps the region, ``False`` or a reason drops it, a list of node lists
-    splits it (each part becomes its own region; parts that would form a cycle are refused).
+    ``ctx`` is the :class:`SupportContext` of the partitioning in progress (target, options,
+    scratch state). ``None``/``True`` keeps the region, ``False`` or a reason drops it, a list
+    of node lists splits it (each part becomes its own region; parts that would form a cycle
+    are refused).
     """
 
     name: str
-    fn: Callable[["Region"], Any]
+    fn: Callable[["Region", SupportContext], Any]
     description: str = ""
 
 

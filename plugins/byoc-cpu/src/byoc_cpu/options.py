@@ -1,0 +1,28 @@
+"""The ``cpu`` target's options, declared once (``byoc.compile(..., target_options={"cpu": {...}})``).
+
+byoc validates every value against these declarations (an unknown key or a bad value raises
+:class:`byoc.OptionError`) and hands the hooks the full set, defaults filled in.
+"""
+
+from __future__ import annotations
+
+from byoc.contract import Option
+
+OPTIONS = [
+    Option("fuse", True, type=bool,
+           doc="fuse elementwise chains into GEMM epilogues and into single loops (False: one loop per node)"),
+    Option("concat_in_place", True, type=bool,
+           doc="let producers write straight into a Concat's buffer when the pieces are contiguous"),
+    Option("conv_strategy", "auto", choices=("auto", "im2col", "shift", "direct"),
+           doc='"auto" picks per Conv; "im2col" / "shift" / "direct" force one (for tests and comparisons)'),
+    Option("threads", None, type=int, minimum=1, machine_local=True,
+           doc="threads the generated code splits GEMMs and loops for (None: byoc's pool size, BYOC_NUM_THREADS)"),
+    Option("cache_dir", None, type=str, machine_local=True,
+           doc="where generated modules and Numba's machine code are cached (None: $BYOC_CPU_CACHE or "
+               "~/.cache/byoc/cpu)"),
+]
+
+#: ``{name: default}``
+DEFAULTS = {o.name: o.default for o in OPTIONS}
+
+__all__ = ["DEFAULTS", "OPTIONS"]
