@@ -86,7 +86,7 @@ class Option:
             if len(self._types()) > 1:
                 text = " or ".join(t.__name__ for t in self._types())
             if self.minimum is not None:
-                text += f" >= {self.minimum:g}"
+                text += f" >= {self.minimum:g}" if isinstance(self.minimum, float) else f" >= {self.minimum}"
         if self.nullable:
             text += " or None"
         return text
