@@ -47,9 +47,7 @@ class BenchPlugin:
         register(byoc.Target("bench", version="1", device="npu"))
 
     @byoc.hookimpl
-    def byoc_register_operators(self, target, register):
-        if target != "bench":
-            return
+    def byoc_register_operators(self, register):
         reject = self.reject
 
         def check(node, ctx):
@@ -59,14 +57,12 @@ class BenchPlugin:
             register(op_type, check if reject else None)
 
     @byoc.hookimpl
-    def byoc_codegen(self, target, region, options):
-        if target == "bench":
-            return byoc.Artifact("bench", "onnx", region_model_bytes(region.model))
+    def byoc_codegen(self, region, options):
+        return byoc.Artifact("bench", "onnx", region_model_bytes(region.model))
 
     @byoc.hookimpl
-    def byoc_runtime(self, target, artifact, options):
-        if target == "bench":
-            return host_callable(artifact.data)
+    def byoc_runtime(self, artifact, options):
+        return host_callable(artifact.data)
 
 
 def synthetic(n: int, seed: int = 0, width: int = 64, shape=(1, 8)) -> onnx.ModelProto:
