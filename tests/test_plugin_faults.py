@@ -258,3 +258,25 @@ def test_byoc_doctor_reports_every_registration_fault(monkeypatch, capsys):
     assert "target 'testchip' is registered by plugins" in out and "'faulty_duplicate'" in out
     assert "'oldchip'" in out and "hook API version 999" in out
     assert "3 problem(s) found" in out
+
+
+def test_byoc_doctor_explains_a_hook_api_1_plugin(monkeypatch, capsys):
+    """An installed plugin written for hook API 1 (it imports byoc.partition.types) is named, not a crash."""
+    import sys
+
+    import byoc.plugins
+    from byoc.cli import main
+
+    monkeypatch.delitem(sys.modules, "byoc_faulty.api1", raising=False)
+    monkeypatch.setattr(byoc.plugins, "_registry", None)
+    monkeypatch.setenv("BYOC_PLUGINS", "testchip,faulty_api1")
+    monkeypatch.setenv("BYOC_FAULT", "api1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["doctor"]) == 1
+        reg = byoc.plugins.get_registry()
+    out = capsys.readouterr().out
+    assert "incompatible plugins (1)" in out and "'faulty_api1'" in out and "byoc-faulty 0.1.0" in out
+    assert "built for hook API version 1" in out and "byoc.partition.types" in out and "upgrade it" in out
+    assert list(reg.targets) == ["testchip"]  # the others still work
+    assert "1 problem(s) found" in out

@@ -263,7 +263,9 @@ def _collect(reg: Registry) -> None:
     for plugin, _, exc in _each_target(reg, claimed, extends):
         if exc is not None:
             _fault(reg, plugin, "byoc_register_targets", f"raised {type(exc).__name__}: {exc}")
+    order = {name: i for i, name in enumerate(reg.distributions)}  # registration order
     for name, owners in claimed.items():
+        owners.sort(key=lambda t: order.get(t.plugin, 0))
         if len(owners) > 1:
             reg.conflicts[name] = [t.plugin for t in owners]
             _fault(reg, owners[1].plugin, "byoc_register_targets",
