@@ -65,21 +65,26 @@ def test_default_compile_uses_cpu_when_installed(tiny_model):
     assert out.stdout.strip() == "['cpu']"
 
 
-def test_hooks_answer_only_for_their_target():
-    region = byoc.contract.Region("r", "other", [])
-    assert plugin.byoc_codegen("other", region, {}) is None
-    assert plugin.byoc_runtime("other", byoc.Artifact("other", "x", b""), {}) is None
-    assert plugin.byoc_cost("other", region, {}) is None
-    seen = []
-    plugin.byoc_register_operators("other", lambda *a, **k: seen.append(a))
-    plugin.byoc_register_patterns("other", seen.append)
-    assert not seen
+def test_hooks_are_scoped_to_the_cpu_target():
+    """byoc calls the cpu hooks only for "cpu": no hook needs to check the target name."""
+    from byoc.plugins import build_registry
+
+    reg = build_registry([("cpu", plugin)], entry_points=False)
+    assert reg.scopes == {"cpu": ["cpu"]}
+    assert reg.hookimpls("byoc_codegen", "other") == []
+    assert [i.plugin_name for i in reg.hookimpls("byoc_codegen", "cpu")] == ["cpu"]
+
+
+def test_conv_strategy_is_validated():
+    with pytest.raises(byoc.OptionError, match="option 'conv_strategy' = 'bogus'.*one of 'auto', 'im2col'"):
+        byoc.compile(make_model([helper.make_node("Relu", ["a"], ["y"])], {"a": (2, 2)}, ["y"]),
+                     targets=["cpu"], target_options={"cpu": {"conv_strategy": "bogus"}})
 
 
 def test_cost_hook_counts_gemm_work():
     cm = byoc.compile(make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": (64, 64)}, ["y"],
                                  {"b": np.ones((64, 64), np.float32)}), targets=["cpu"], registry=REGISTRY)
-    seconds = plugin.byoc_cost("cpu", cm.regions[0].region, {})
+    seconds = plugin.byoc_cost(cm.regions[0].region)
     assert 0 < seconds < 1e-3
 
 

@@ -74,8 +74,8 @@ def jetson_callable(model: onnx.ModelProto, **options):
     """(artifact, callable) from the plugin's own codegen and runtime hooks, on the whole model."""
     opts = validate_options(options)
     region = whole_region(model)
-    artifact = plugin.byoc_codegen("jetson", region, opts)
-    return artifact, plugin.byoc_runtime("jetson", artifact, opts)
+    artifact = plugin.byoc_codegen(region, opts)
+    return artifact, plugin.byoc_runtime(artifact, opts)
 
 
 def host_run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:

@@ -58,7 +58,7 @@ def _model(scale: float = 1.0):
 
 
 def _artifact(model, **options):
-    return plugin.byoc_codegen("jetson", whole_region(model), validate_options(options))
+    return plugin.byoc_codegen(whole_region(model), validate_options(options))
 
 
 def _region(backend, cache, model=None, **options):

@@ -35,7 +35,7 @@ def _model(seed=0, n=4):
 
 
 def _artifact(model, **options):
-    return plugin.byoc_codegen("jetson", whole_region(model), validate_options(options))
+    return plugin.byoc_codegen(whole_region(model), validate_options(options))
 
 
 @settings(max_examples=10)
@@ -109,10 +109,13 @@ def test_option_validation(bad):
         validate_options(bad)
 
 
-def test_hooks_ignore_other_targets():
-    region = whole_region(_model())
-    assert plugin.byoc_codegen("other", region, DEFAULT_OPTIONS) is None
-    assert plugin.byoc_runtime("other", _artifact(_model()), DEFAULT_OPTIONS) is None
+def test_hooks_are_scoped_to_the_jetson_target():
+    """byoc calls the jetson hooks only for "jetson": no hook needs to check the target name."""
+    from byoc.plugins import build_registry
+
+    reg = build_registry([("jetson", plugin)], entry_points=False)
+    assert reg.scopes == {"jetson": ["jetson"]}
+    assert reg.hookimpls("byoc_codegen", "other") == []
 
 
 def test_bundle_round_trip_is_bit_identical(registry, tmp_path):

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from jetson_helpers import make_model, verdicts
 from onnx import TensorProto, helper
 
+import byoc
+from byoc.contract import OptionError
 from byoc_jetson import support
 from byoc_jetson.options import validate_options
 from byoc_jetson.support import OPERATORS
@@ -165,11 +167,10 @@ def test_clip_bounds_must_be_constant():
     assert "min" in verdicts(m)["Clip"]
 
 
-def test_invalid_options_keep_everything_on_the_host():
+def test_invalid_options_are_refused_by_the_core():
     m = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": (FLOAT, [4])}, ["y"])
-    bad = dict(validate_options({}), precision="int8")
-    reason = verdicts(m, bad)["Relu"]
-    assert "invalid jetson options" in reason and "precision" in reason
+    with pytest.raises(OptionError, match="target 'jetson': option 'precision' = 'int8'.*one of 'fp32', 'fp16'"):
+        byoc.compile(m, targets=["jetson"], target_options={"jetson": {"precision": "int8"}})
 
 
 def test_emulation_needs_a_host_kernel(monkeypatch):
