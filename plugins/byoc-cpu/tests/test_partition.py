@@ -102,7 +102,7 @@ def test_regions_of_views_only_are_dropped():
     assert not cm.regions
     assert cm.records["reshape"].rule == "cpu:has_compute (only reshapes: nothing to compute)"
     region = byoc.contract.Region("r", "cpu", [n for n in cm.model.graph])
-    assert has_compute(region) is True  # Cos is compute (the rule only looks at op types)
+    assert has_compute(region, None) is True  # Cos is compute (the rule only looks at op types)
 
 
 def test_default_priority_is_after_accelerators():
