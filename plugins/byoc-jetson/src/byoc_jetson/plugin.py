@@ -8,7 +8,7 @@ import byoc
 from byoc.partition.types import Artifact, Region
 from byoc_jetson import __version__
 from byoc_jetson.codegen import FORMAT, generate
-from byoc_jetson.options import DEFAULT_OPTIONS, runtime_path, validate_options
+from byoc_jetson.options import DEFAULT_OPTIONS, registered_runtime_path, runtime_path, validate_options
 from byoc_jetson.patterns import patterns
 from byoc_jetson.rules import begin_partition, rules
 from byoc_jetson.support import NOT_SUPPORTED, OPERATORS, make_check, node_macs
@@ -31,7 +31,8 @@ def make_target() -> byoc.Target:
         atol=ATOL,
         priority=20,
         api_version=byoc.HOOK_API_VERSION,
-        runtime_path=runtime_path(DEFAULT_OPTIONS),
+        # found without initialising CUDA: registration may come before a user's fork()
+        runtime_path=registered_runtime_path(),
     )
 
 
