@@ -8,7 +8,8 @@ and a CUDA GPU and are skipped without them, with the reason and a summary line;
 ``fake_trt`` installs the test double of ``tensorrt`` and ``cuda.bindings.runtime``
 (``tests/fake_trt``), parametrised over TensorRT 10 and 11. ``BYOC_JETSON_FAKE_GPU=10`` (or
 ``11``) installs it for the whole session, so ``runtime="auto"`` picks TensorRT everywhere:
-the suite must pass that way too (no test may assume that "auto" means the emulation).
+the suite must pass that way too (no test may assume that "auto" means the emulation);
+``BYOC_JETSON_FAKE_GPU=too-old`` simulates cuda-python 13 on a CUDA 12 driver.
 """
 
 from __future__ import annotations
@@ -76,7 +77,11 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs the tensorrt package and a CUDA GPU (skipped without them; "
                                        "BYOC_REQUIRE_GPU=1 makes that a failure)")
     fake = os.environ.get("BYOC_JETSON_FAKE_GPU")
-    if fake:
+    if fake == "too-old":  # TensorRT installed, the driver too old for cuda-python: GPU tests cannot run
+        from fake_trt import FakeGPU
+
+        install_fake(FAKE_VERSIONS["10"], FakeGPU(driver="too-old"))
+    elif fake:
         install_fake(FAKE_VERSIONS[fake])
 
 

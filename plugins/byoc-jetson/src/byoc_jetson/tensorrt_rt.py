@@ -284,6 +284,10 @@ class TensorRTBackend:
         return TensorRTRunner(self, engine, input_names, output_names, device, pin_after_runs)
 
 
+def _name(value: Any) -> str:
+    return str(getattr(value, "name", value))
+
+
 class EngineRefused(TensorRTError):
     """The TensorRT runtime would not deserialise an engine (built elsewhere, or damaged)."""
 
@@ -312,7 +316,7 @@ class TensorRTRunner:
                 if name not in modes:
                     raise TensorRTError(f"the engine has no tensor {name!r} (its tensors: {sorted(modes)})")
                 if modes[name] != mode:
-                    raise TensorRTError(f"engine tensor {name!r} is {modes[name]}, expected {mode}")
+                    raise TensorRTError(f"engine tensor {name!r} is {_name(modes[name])}, expected {_name(mode)}")
         self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in modes}
         self.profiles = self._read_profiles()
         self.context = self.engine.create_execution_context()
