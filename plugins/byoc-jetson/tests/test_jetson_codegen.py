@@ -137,3 +137,22 @@ def test_bundle_round_trip_is_bit_identical(registry, tmp_path):
     x = np.random.default_rng(4).standard_normal((2, 4)).astype(np.float32)
     np.testing.assert_array_equal(loaded.run({"x": x})["y"], cm.run({"x": x})["y"])
     assert [r.artifact.data for r in loaded.regions] == [r.artifact.data for r in cm.regions]
+
+
+def test_optimisation_profiles():
+    from byoc_jetson.codegen import ProfileError, optimisation_profiles
+
+    config = {"max_batch_size": 4, "profile_shapes": None}
+    assert optimisation_profiles([("x", [2, 3])], config) == []  # static: none needed
+    one, span = optimisation_profiles([("x", [-1, 3]), ("s", [])], config)
+    assert one == {"x": ((1, 3),) * 3} and span == {"x": ((1, 3), (4, 3), (4, 3))}
+    # expected shapes first; a dynamic input they do not name takes their batch
+    config = {"max_batch_size": 4, "profile_shapes": [{"x": [2, 3]}]}
+    profiles = optimisation_profiles([("x", [-1, 3]), ("y", [-1, 5])], config)
+    assert profiles[0] == {"x": ((2, 3),) * 3, "y": ((2, 5),) * 3} and len(profiles) == 3
+    # shapes met beyond every profile: exactly those
+    assert optimisation_profiles([("x", [-1, 3])], config, [{"x": [9, 3]}]) == [{"x": ((9, 3),) * 3}]
+    with pytest.raises(ProfileError, match="'x'.*no expected shape|profile_shapes"):
+        optimisation_profiles([("x", [-1, -1])], {"max_batch_size": 4, "profile_shapes": None})
+    with pytest.raises(ProfileError, match="does not fit"):
+        optimisation_profiles([("x", [-1, 3])], {"max_batch_size": 4, "profile_shapes": [{"x": [2, 4]}]})

@@ -77,8 +77,8 @@ def optimisation_profiles(inputs: Sequence[tuple[str, Sequence[int]]], config: M
                           extra: Sequence[Mapping[str, Sequence[int]]] = ()) -> list[Profile]:
     """The optimisation profiles for a network whose inputs are ``(name, dims)`` (-1: dynamic).
 
-    * one exact profile (min = opt = max) per expected shape set: the ``profile_shapes`` option
-      and ``extra`` (shapes met at run time beyond every profile, see ``TensorRTRegion``);
+    * one exact profile (min = opt = max) per expected shape set: the ``profile_shapes`` option,
+      or ``extra`` alone (shapes met at run time beyond every profile, see ``TensorRTRegion``);
     * when only the batch dimension is dynamic: an exact batch-1 profile (so batch 1 is tuned
       for batch 1) and one range profile 1..``max_batch_size`` tuned for the largest batch.
 
@@ -90,7 +90,9 @@ def optimisation_profiles(inputs: Sequence[tuple[str, Sequence[int]]], config: M
     if not dynamic:
         return []
     profiles: list[Profile] = []
-    for shapes in list(config.get("profile_shapes") or []) + [dict(e) for e in extra]:
+    # an engine for shapes met beyond every profile gets exactly those (the first engine has the rest)
+    expected = [dict(e) for e in extra] if extra else list(config.get("profile_shapes") or [])
+    for shapes in expected:
         known = {n: _exact(d, shapes[n], n) for n, d in dynamic if n in shapes}
         if not known:
             continue
@@ -107,7 +109,7 @@ def optimisation_profiles(inputs: Sequence[tuple[str, Sequence[int]]], config: M
         if profile not in profiles:
             profiles.append(profile)
     batch_only = all(d and d[0] < 0 and all(x >= 0 for x in d[1:]) for _, d in dynamic)
-    if batch_only:
+    if batch_only and not extra:
         top = int(config["max_batch_size"])
         one = {n: ((1, *d[1:]),) * 3 for n, d in dynamic}
         span = {n: ((1, *d[1:]), (top, *d[1:]), (top, *d[1:])) for n, d in dynamic}
