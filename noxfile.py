@@ -1,4 +1,4 @@
-"""Developer sessions: `nox -s demo` (the main job), `bench`, `fuzz`, `lint`, `tests`."""
+"""Developer sessions: `nox -s demo` (the main job), `bench`, `fuzz`, `lint`, `tests`, `gpu`."""
 
 from __future__ import annotations
 
@@ -50,3 +50,9 @@ def tests(session: nox.Session) -> None:
     """The whole test-suite through tox (same as CI)."""
     session.install("tox>=4.11")
     session.run("tox", *session.posargs)
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """On a GPU machine: byoc-jetson with its pinned TensorRT extra, GPU tests, ResNet-50 vs onnxruntime, cache hit."""
+    session.run("python", "benchmarks/gpu_check.py", *session.posargs)

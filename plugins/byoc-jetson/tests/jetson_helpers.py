@@ -54,7 +54,8 @@ def load(model: onnx.ModelProto, passes: Sequence[str] = ("shape_inference",)) -
 def verdicts(model: onnx.ModelProto, options: Mapping[str, Any] | None = None) -> dict[str, str | None]:
     """op_type (or node name when an op repeats) -> the jetson verdict, straight from the checks."""
     m = load(model)
-    ctx = SupportContext("jetson", dict(options) if options is not None else validate_options({}))
+    # the emulation's verdicts unless a test names other options (it also needs host kernels)
+    ctx = SupportContext("jetson", dict(options) if options is not None else validate_options({"runtime": "emulation"}))
     out: dict[str, str | None] = {}
     for node in m.graph:
         key = node.op_type if node.op_type not in out else node.name
@@ -70,9 +71,13 @@ def whole_region(model: onnx.ModelProto) -> Region:
                   model=m)
 
 
-def jetson_callable(model: onnx.ModelProto, **options):
-    """(artifact, callable) from the plugin's own codegen and runtime hooks, on the whole model."""
-    opts = validate_options(options)
+def jetson_callable(model: onnx.ModelProto, runtime: str = "emulation", **options):
+    """(artifact, callable) from the plugin's own codegen and runtime hooks, on the whole model.
+
+    ``runtime`` is the CPU emulation unless a test names another path: "auto" would pick
+    TensorRT on a machine that has it, and these tests are about the emulation's numbers.
+    """
+    opts = validate_options({"runtime": runtime, **options})
     region = whole_region(model)
     artifact = plugin.byoc_codegen(region, opts)
     return artifact, plugin.byoc_runtime(artifact, opts)
@@ -85,8 +90,10 @@ def host_run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np
     return fn(*(feeds[name] for name in fn.input_names))
 
 
-def compile_jetson(registry, model, **options) -> byoc.CompiledModel:
-    return byoc.compile(model, targets=["jetson"], registry=registry, target_options={"jetson": options})
+def compile_jetson(registry, model, runtime: str = "emulation", **options) -> byoc.CompiledModel:
+    """``byoc.compile`` for jetson; the CPU emulation unless the test names ``runtime`` (see above)."""
+    return byoc.compile(model, targets=["jetson"], registry=registry,
+                        target_options={"jetson": {"runtime": runtime, **options}})
 
 
 def require_kernels(*ops: str) -> None:

@@ -5,6 +5,8 @@ TensorRT and a CUDA GPU the target runs its float16 CPU emulation. ``byoc confor
 runs the same checks from the command line.
 """
 
+import os
+
 from byoc.testing.suite import *  # noqa: F401,F403
 
 import byoc_jetson.plugin as plugin
@@ -16,3 +18,6 @@ class Requirements(Requirements):  # noqa: F405
     plugins = (("jetson", plugin),)
     # float16 engines: beyond 65504 a value is infinite on the device too
     float_range = 65504.0
+    # the CPU emulation, named: "auto" would pick TensorRT where it is installed (the GPU check
+    # script runs the suite on TensorRT on purpose, with BYOC_JETSON_CONFORMANCE_RUNTIME=tensorrt)
+    target_options = {"runtime": os.environ.get("BYOC_JETSON_CONFORMANCE_RUNTIME", "emulation")}

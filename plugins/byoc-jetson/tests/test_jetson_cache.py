@@ -28,28 +28,48 @@ FLOAT = TensorProto.FLOAT
 MAGIC = b"FAKE-TRT-ENGINE\n"
 
 
+class _Runner:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def covers(self, shapes):
+        return -1
+
+    def __call__(self, *inputs, profile=0):
+        return self.fn(*inputs)
+
+    def close(self):
+        pass
+
+
 class FakeBackend:
-    def __init__(self, version: str = "10.3.0", cc: str = "8.7"):
+    """A stand-in for :class:`TensorRTBackend` itself (the library-level double is ``fake_trt``)."""
+
+    def __init__(self, version: str = "10.3.0", cc: str = "8.7", name: str = "Orin"):
         self._version = version
         self._cc = cc
+        self._name = name
         self.builds: list[dict] = []
         self.loads = 0
 
     def version(self) -> str:
         return self._version
 
-    def compute_capability(self) -> str:
+    def compute_capability(self, device: int = 0) -> str:
         return self._cc
 
-    def build(self, onnx_bytes: bytes, config) -> bytes:
+    def device_name(self, device: int = 0) -> str:
+        return self._name
+
+    def build(self, onnx_bytes: bytes, config, device=0, extra=()) -> bytes:
         self.builds.append(dict(config))
         return MAGIC + config["precision"].encode() + b"\n" + onnx_bytes
 
-    def load(self, engine: bytes, input_names, output_names):
+    def load(self, engine: bytes, input_names, output_names, device=0, pin_after_runs=0):
         assert engine.startswith(MAGIC)
         self.loads += 1
         precision, _, data = engine[len(MAGIC):].partition(b"\n")
-        return EmulatedRegion(data, precision.decode())
+        return _Runner(EmulatedRegion(data, precision.decode()))
 
 
 def _model(scale: float = 1.0):
@@ -76,6 +96,8 @@ def test_cache_hit_then_invalidated_by_each_key_part(tmp_path):
     changes = [
         ("tensorrt version", lambda: (FakeBackend(version="10.4.0"), {}, None)),
         ("compute capability", lambda: (FakeBackend(cc="7.2"), {}, None)),
+        ("GPU model", lambda: (FakeBackend(name="Thor"), {}, None)),
+        ("expected shapes", lambda: (FakeBackend(), {"profile_shapes": [{"x": [2, 3]}]}, None)),
         ("precision", lambda: (FakeBackend(), {"precision": "fp32"}, None)),
         ("workspace", lambda: (FakeBackend(), {"workspace": 1 << 22}, None)),
         ("max_batch_size", lambda: (FakeBackend(), {"max_batch_size": 1}, None)),
@@ -120,12 +142,15 @@ def test_builds_exactly_once_per_distinct_key(configs):
 
 
 def test_engine_key_digest_covers_every_part():
-    base = dict(subgraph_sha256="a" * 64, tensorrt_version="10.0", compute_capability="8.7", precision="fp16",
-                builder_options={"workspace": 1, "max_batch_size": 8})
+    base = dict(subgraph_sha256="a" * 64, tensorrt_version="10.0", compute_capability="9.0", precision="fp16",
+                builder_options={"workspace": 1, "max_batch_size": 8}, device_name="NVIDIA H100 80GB HBM3",
+                recipe_version=2)
     digest = EngineKey.make(**base).digest
     assert digest == EngineKey.make(**base).digest
     for key, other in [("subgraph_sha256", "b" * 64), ("tensorrt_version", "10.1"), ("compute_capability", "8.6"),
-                       ("precision", "fp32"), ("builder_options", {"workspace": 2, "max_batch_size": 8})]:
+                       ("precision", "fp32"), ("builder_options", {"workspace": 2, "max_batch_size": 8}),
+                       # same compute capability 9.0, another GPU model: NVIDIA ties engines to the device type
+                       ("device_name", "NVIDIA H200"), ("recipe_version", 3)]:
         assert EngineKey.make(**{**base, key: other}).digest != digest, key
 
 
@@ -162,7 +187,7 @@ def test_lazy_build_without_precompile(tmp_path):
 
 def test_builder_failure_propagates(tmp_path):
     class Broken(FakeBackend):
-        def build(self, onnx_bytes, config):
+        def build(self, onnx_bytes, config, device=0, extra=()):
             raise trt_rt.TensorRTError("TensorRT's ONNX parser rejected the region: boom")
 
     with pytest.raises(trt_rt.TensorRTError, match="boom"):
@@ -191,14 +216,14 @@ def test_compile_on_the_tensorrt_path_with_a_fake_library(registry, monkeypatch,
     assert len(fake.builds) == 1
 
 
-def test_tensorrt_path_without_the_library_falls_back_with_a_fault(registry):
+def test_tensorrt_path_without_the_library_falls_back_with_a_fault(registry, monkeypatch):
     """Forcing runtime="tensorrt" where tensorrt is missing: the region falls back to the host, named."""
     require_kernels("MatMul")
-    from byoc_jetson.options import tensorrt_available
+    from byoc_jetson.options import GpuProbe
 
-    if tensorrt_available():
-        pytest.skip("tensorrt is installed here")
-    trt_rt._backend = None
+    # tensorrt made missing here, so the test has the same outcome on a machine that has it
+    monkeypatch.setattr(trt_rt, "tensorrt_probe", lambda: GpuProbe(False, "the tensorrt package is not installed"))
+    monkeypatch.setattr(trt_rt, "_backend", None)
     model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": (FLOAT, [2, 4])}, ["y"],
                        {"w": np.ones((4, 3), np.float32)})
     with pytest.warns(UserWarning, match="tensorrt"):

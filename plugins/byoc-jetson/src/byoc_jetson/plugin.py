@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 from byoc.contract import HOOK_API_VERSION, Artifact, Pattern, Region, Rule, Target, hookimpl
 from byoc_jetson import __version__
 from byoc_jetson.codegen import FORMAT, generate
-from byoc_jetson.options import DEFAULT_OPTIONS, OPTIONS, runtime_path
+from byoc_jetson.options import OPTIONS, registered_runtime_path, runtime_path
 from byoc_jetson.patterns import patterns
 from byoc_jetson.rules import rules
 from byoc_jetson.support import NOT_SUPPORTED, OPERATORS, make_check, node_macs
@@ -34,7 +34,8 @@ def make_target() -> Target:
         atol=ATOL,
         priority=20,
         api_version=HOOK_API_VERSION,
-        runtime_path=runtime_path(DEFAULT_OPTIONS),
+        # found without initialising CUDA: registration may come before a user's fork()
+        runtime_path=registered_runtime_path(),
     )
 
 
