@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import onnx
@@ -21,31 +21,12 @@ import onnx_ir as ir
 
 from byoc.errors import PluginError
 from byoc.partition.patterns import match_at
+from byoc.partition.records import NodeRecord
 from byoc.partition.regions import form_regions, is_acyclic
 from byoc.partition.types import Pattern, Region, SupportContext, Target
 from byoc.plugins import PluginFault, Registry
 
 CONTROL_FLOW = {"If", "Loop", "Scan"}
-
-
-@dataclass
-class NodeRecord:
-    """Where one node ended up and why; the rows of the placement report."""
-
-    name: str
-    op_type: str
-    device: str = "host"
-    region: str | None = None
-    pattern: str | None = None
-    #: target -> ``None`` (supported) or the reason it was rejected
-    verdicts: dict[str, str | None] = field(default_factory=dict)
-    #: ``"<target>:<rule>"`` of the rule that dropped the node's region, if any
-    rule: str | None = None
-    #: why the node's region fell back to the host after being placed (plugin fault)
-    fallback: str | None = None
-    #: where the node lives: ``""`` for the main graph, else the path of its subgraph
-    #: (``"<control-flow node>/<attribute>"``, nested with ``/``)
-    scope: str = ""
 
 
 @dataclass
