@@ -11,7 +11,6 @@ falls back (``strict=True`` raises :class:`byoc.PluginError` instead).
 from __future__ import annotations
 
 import gc
-import json
 import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -392,7 +391,3 @@ class Partitioner:
                 rec.pattern = region.patterns.get(node.name)
         return PartitionResult(regions, self.records, self.faults.items)
 
-
-def artifact_json(metadata: Mapping[str, Any]) -> str:
-    """Canonical JSON of artifact metadata (sorted keys) or a TypeError naming the problem."""
-    return json.dumps(metadata, sort_keys=True, separators=(",", ":"))
