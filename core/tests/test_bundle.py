@@ -25,8 +25,9 @@ from onnx import TensorProto, helper
 import byoc
 from byoc import BundleError
 from byoc.plugins import build_registry
-from byoc.runtime import bundle as bundle_mod
-from byoc.runtime.bundle import BundleFallbackWarning
+from byoc.bundle import BundleFallbackWarning
+from byoc.bundle import writer as bundle_writer
+from byoc.bundle.reader import Reader
 from byoc.contract import host_callable, region_model_bytes
 
 MAGIC = b"\x00FAKE-ENGINE\xff"
@@ -551,8 +552,8 @@ def test_declared_sizes_over_budget_are_refused_before_decompressing(saved, tmp_
     path = write_zip(tmp_path / "bomb.byoc", bomb)
     assert path.stat().st_size < 100_000  # 8 MiB of zeros deflate to a few KiB
     read = []
-    original = bundle_mod._Reader._read_member
-    monkeypatch.setattr(bundle_mod._Reader, "_read_member",
+    original = Reader._read_member
+    monkeypatch.setattr(Reader, "_read_member",
                         lambda self, zf, info: read.append(info.filename) or original(self, zf, info))
     err = refused(path, registry=reg, budget=byoc.Budget(max_total_bytes=1 << 20))
     assert "max_total_bytes" in str(err) and "'regions/0000/artifact.bin'" in str(err)
@@ -616,7 +617,7 @@ def _only_bundle_files(folder: Path) -> list[str]:
 def test_failed_save_keeps_the_old_file(compiled, saved, tmp_path, monkeypatch):
     old = saved.read_bytes()
     calls = []
-    original = bundle_mod._write_member
+    original = bundle_writer._write_member
 
     def fail_midway(zf, name, data):
         calls.append(name)
@@ -624,22 +625,22 @@ def test_failed_save_keeps_the_old_file(compiled, saved, tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         original(zf, name, data)
 
-    monkeypatch.setattr(bundle_mod, "_write_member", fail_midway)
+    monkeypatch.setattr(bundle_writer, "_write_member", fail_midway)
     with pytest.raises(BundleError, match="No space left"):
         compiled.save(saved)
     assert saved.read_bytes() == old
     assert _only_bundle_files(tmp_path) == ["m.byoc"]
 
-    monkeypatch.setattr(bundle_mod, "_write_member", original)
+    monkeypatch.setattr(bundle_writer, "_write_member", original)
 
     def interrupted(zf, name, data):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bundle_mod, "_write_member", interrupted)
+    monkeypatch.setattr(bundle_writer, "_write_member", interrupted)
     with pytest.raises(KeyboardInterrupt):
         compiled.save(saved)
     assert saved.read_bytes() == old and _only_bundle_files(tmp_path) == ["m.byoc"]
-    monkeypatch.setattr(bundle_mod, "_write_member", original)
+    monkeypatch.setattr(bundle_writer, "_write_member", original)
 
     def no_fsync(fd):
         raise OSError(5, "Input/output error")

@@ -99,3 +99,22 @@ def test_fast_codegen_is_unaffected_by_the_limit():
     registry = build_registry([("fastplugin", _SlowCodegen(0.0))], entry_points=False)
     compiled = byoc.compile(_relu_model(), registry=registry, hook_timeout=5)
     assert [r.region.name for r in compiled.regions] == ["slow_0"]
+
+
+def test_control_flow_operators_are_run_by_the_plan():
+    from byoc.errors import KernelError
+    from byoc.kernels import PLAN_OPERATORS, NodeSpec, is_supported, make_kernel, supported_ops
+    from byoc.runtime import control_flow
+
+    assert set(control_flow.FACTORIES) == set(PLAN_OPERATORS) == {"If", "Loop", "Scan"}
+    assert all(is_supported(op) and is_supported(op, "ai.onnx") and op in supported_ops() for op in PLAN_OPERATORS)
+    with pytest.raises(KernelError, match="'loop_1' .*run by the execution plan"):
+        make_kernel(NodeSpec("Loop", name="loop_1"))
+
+
+def test_calibration_observes_tensors_inside_a_loop_body():
+    from byoc.quantize import calibrate
+
+    table = calibrate(counting_loop(3), [{"v0": np.ones(1, np.float32)}])
+    assert "v_out" in table.stats  # the body's sum, seen on every iteration
+    assert table["v_out"].count == 3 and table["v_out"].max == 4.0

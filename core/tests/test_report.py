@@ -736,7 +736,7 @@ def test_region_inside_if_branch(registry):
 
 
 def test_report_of_a_bundle_with_a_missing_plugin(registry, monkeypatch, tmp_path):
-    bundle = pytest.importorskip("byoc.runtime.bundle")
+    bundle = pytest.importorskip("byoc.bundle.loader")
     monkeypatch.setattr(byoc.plugins, "_registry", registry)
     cm = byoc.compile(_small_model(), targets=["npu"], registry=registry)
     path = cm.save(tmp_path / "m.byoc")

@@ -4,6 +4,7 @@ A shared ONNX compiler stack: import, optimise, partition between vendor plugins
 rest on the host CPU with Numba reference kernels.
 """
 
+from byoc._version import __version__
 from byoc.budget import Budget
 from byoc.compiler import compile
 from byoc.contract import HOOK_API_VERSION, Artifact, Option, Pattern, Region, Rule, SupportContext, Target, hookimpl
@@ -25,11 +26,10 @@ from byoc.errors import (
     RunTimeoutError,
     UnsupportedOperatorError,
 )
-from byoc.runtime.bundle import load
+from byoc.bundle.loader import load
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.control import CancelHandle
 
-__version__ = "0.1.0"
 
 __all__ = [
     "HOOK_API_VERSION",

@@ -77,7 +77,7 @@ def _shape(v) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     import byoc
-    from byoc.runtime.bundle import is_bundle
+    from byoc.bundle import is_bundle
 
     feeds = _parse_inputs(args.input or [])
     if is_bundle(args.model):

@@ -359,11 +359,6 @@ def get_registry(*, reload: bool = False) -> Registry:
         return _registry
 
 
-def get_plugin_manager() -> pluggy.PluginManager:
-    """The pluggy plugin manager behind :func:`get_registry`."""
-    return get_registry().pm
-
-
 def list_targets() -> list[Target]:
     """Installed, usable targets in default priority order."""
     return get_registry().ordered_targets()

@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass
 
 import onnx
-import onnx_ir as ir
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
 from byoc.budget import Budget, _fmt_bytes
@@ -650,17 +649,3 @@ def _raise_unsupported(bad: list[tuple[str, str, str]], labels: list[str]) -> No
         f"byoc.kernels.supported_ops() lists the operators byoc runs; a vendor plugin may add others",
         nodes=bad,
     )
-
-
-def check_supported(model: ir.Model) -> None:
-    """Raise one error listing every node (subgraphs included) whose operator has no byoc kernel."""
-    from byoc.kernels import is_supported
-
-    bad = []
-    labels = []
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        if not is_supported(node.op_type, node.domain):
-            bad.append((node.name or "", node.domain or "ai.onnx", node.op_type))
-            labels.append(f"node {node.name!r} ({node.op_type})" if node.name else f"a {node.op_type} node")
-    if bad:
-        _raise_unsupported(bad, labels)

@@ -1,9 +1,19 @@
 """Numba reference kernels, one module per operator family.
 
-Importing this package registers every kernel in :mod:`byoc.kernels.registry`.
+Importing this package (or any module in it) registers every kernel in
+:mod:`byoc.kernels.registry`. If, Loop and Scan are not kernels: the execution plan runs their
+subgraphs (:mod:`byoc.runtime.control_flow`); the registry lists them in ``PLAN_OPERATORS``.
 """
 
-from byoc.kernels.registry import NodeSpec, get_factory, is_supported, kernel, make_kernel, supported_ops
+from byoc.kernels.registry import (
+    PLAN_OPERATORS,
+    NodeSpec,
+    get_factory,
+    is_supported,
+    kernel,
+    make_kernel,
+    supported_ops,
+)
 
 # kernel families (import order does not matter; each registers its operators)
 from byoc.kernels import (  # noqa: E402,F401  isort: skip
@@ -16,10 +26,9 @@ from byoc.kernels import (  # noqa: E402,F401  isort: skip
     norm,
     tensor,
     resize,
-    control_flow,
     rnn,
     indexing,
     quant,
 )
 
-__all__ = ["NodeSpec", "get_factory", "is_supported", "kernel", "make_kernel", "supported_ops"]
+__all__ = ["PLAN_OPERATORS", "NodeSpec", "get_factory", "is_supported", "kernel", "make_kernel", "supported_ops"]

@@ -33,10 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numba
@@ -45,6 +42,7 @@ from llvmlite import ir as llvm_ir
 from numba import types
 from numba.extending import intrinsic, overload
 
+from byoc.kernels import threads as _threads
 from byoc.kernels.registry import NodeSpec, kernel
 
 # --------------------------------------------------------------------------------------------
@@ -58,35 +56,7 @@ PARALLEL_MIN_ELEMENTS = 1 << 20
 #: smallest share of work handed to one thread
 PARALLEL_MIN_CHUNK = 1 << 18
 
-_workers: int | None = None  # None: the shared pool's size (or the CPU count)
-_pool: ThreadPoolExecutor | None = None  # fallback pool, only without threads.parallel_for
-_pool_lock = threading.Lock()
-_shared: tuple | None | bool = False  # False: not looked up yet
-
-
-def _shared_pool() -> tuple | None:
-    """``(parallel_for, num_threads)`` of the kernel package's thread policy
-    (:mod:`byoc.kernels.threads`), or ``None`` when it offers no pool."""
-    global _shared
-    if _shared is False:
-        try:
-            from byoc.kernels import threads
-        except ImportError:  # pragma: no cover
-            threads = None
-        pf = getattr(threads, "parallel_for", None)
-        nt = getattr(threads, "num_threads", None)
-        _shared = (pf, nt) if callable(pf) and callable(nt) else None
-    return _shared
-
-
-def _default_workers() -> int:
-    shared = _shared_pool()
-    if shared is not None:
-        return shared[1]()
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
+_workers: int | None = None  # None: the shared pool's size
 
 
 def set_parallelism(
@@ -95,48 +65,21 @@ def set_parallelism(
     """Tune the splitting of the elementwise/activation/reduce kernels: ``workers`` (1 = serial;
     default: the size of the shared pool), the work from which they split, and the least work
     per chunk. ``None`` keeps a value."""
-    global _workers, _pool, PARALLEL_MIN_ELEMENTS, PARALLEL_MIN_CHUNK
-    with _pool_lock:
-        if workers is not None:
-            workers = max(1, int(workers))
-            if workers != _workers and _pool is not None:
-                _pool.shutdown(wait=False)
-                _pool = None
-            _workers = workers
-        if min_elements is not None:
-            PARALLEL_MIN_ELEMENTS = max(1, int(min_elements))
-        if min_chunk is not None:
-            PARALLEL_MIN_CHUNK = max(1, int(min_chunk))
+    global _workers, PARALLEL_MIN_ELEMENTS, PARALLEL_MIN_CHUNK
+    if workers is not None:
+        _workers = max(1, int(workers))
+    if min_elements is not None:
+        PARALLEL_MIN_ELEMENTS = max(1, int(min_elements))
+    if min_chunk is not None:
+        PARALLEL_MIN_CHUNK = max(1, int(min_chunk))
 
 
 def parallel_workers() -> int:
     """The number of threads :func:`run_ranges` splits for."""
     global _workers
     if _workers is None:
-        _workers = _default_workers()
+        _workers = _threads.num_threads()
     return _workers
-
-
-def _get_pool(workers: int) -> ThreadPoolExecutor:
-    global _pool
-    pool = _pool
-    if pool is None:
-        with _pool_lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(max_workers=max(1, workers - 1), thread_name_prefix="byoc-kernel")
-            pool = _pool
-    return pool
-
-
-def _forget_pool_after_fork() -> None:
-    # a forked child inherits the pool object but not its threads: start a fresh one on demand
-    global _pool, _pool_lock
-    _pool = None
-    _pool_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
 def run_ranges(fn: Callable, n_units: int, args: tuple, unit_cost: int = 1) -> None:
@@ -146,31 +89,20 @@ def run_ranges(fn: Callable, n_units: int, args: tuple, unit_cost: int = 1) -> N
     number of elements one unit touches; small work runs in one call on this thread. Large
     work is cut into chunks for the kernel package's shared pool
     (:func:`byoc.kernels.threads.parallel_for`: the calling thread claims chunks too, so a
-    helper that is not scheduled costs nothing); without one, a private pool of this module.
+    helper that is not scheduled costs nothing).
     """
     work = n_units * max(1, unit_cost)
     workers = parallel_workers()
     if workers <= 1 or n_units < 2 or work < PARALLEL_MIN_ELEMENTS:
         fn(*args, 0, n_units)
         return
-    shared = _shared_pool()
     # with work claiming, a few chunks per thread even out threads that start late
-    per_thread = 4 if shared is not None else 1
-    k = int(min(workers * per_thread, n_units, max(1, work // PARALLEL_MIN_CHUNK)))
+    k = int(min(workers * 4, n_units, max(1, work // PARALLEL_MIN_CHUNK)))
     if k <= 1:
         fn(*args, 0, n_units)
         return
     bounds = [n_units * i // k for i in range(k + 1)]
-    if shared is not None:
-        shared[0](lambda i: fn(*args, bounds[i], bounds[i + 1]), k)
-        return
-    pool = _get_pool(workers)
-    futures = [pool.submit(fn, *args, bounds[i], bounds[i + 1]) for i in range(1, k)]
-    try:
-        fn(*args, bounds[0], bounds[1])
-    finally:
-        for f in futures:
-            f.result()
+    _threads.parallel_for(lambda i: fn(*args, bounds[i], bounds[i + 1]), k)
 
 
 # --------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ class NodeSpec:
     budget: Budget = DEFAULT_BUDGET
     #: outer-scope values the node's subgraphs read (If/Loop/Scan); they arrive after the inputs
     captured: list[Any] = field(default_factory=list)
-    #: the plan's step factory, for kernels that build plans of their own subgraphs
+    #: the plan's step factory, used again for the plans of the node's subgraphs (If/Loop/Scan)
     step_factory: Callable[..., Any] | None = None
 
     def attr(self, name: str, default: Any = None) -> Any:
@@ -91,30 +91,49 @@ def kernel(*op_types: str, domain: str = "") -> Callable[[Factory], Factory]:
     return deco
 
 
-def _ensure_loaded() -> None:
-    # importing the package registers every kernel module
-    import byoc.kernels  # noqa: F401
+#: operators with subgraphs that the execution plan runs itself, as plans of their bodies
+#: (:mod:`byoc.runtime.control_flow`); they are supported on the host but have no kernel here
+PLAN_OPERATORS = frozenset({"If", "Loop", "Scan"})
+
+
+def _domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+# Importing this module imports the package ``byoc.kernels`` first, which registers every
+# kernel family: the lookups below always see the full registry.
 
 
 def get_factory(op_type: str, domain: str = "") -> Factory | None:
-    _ensure_loaded()
-    if domain == "ai.onnx":
-        domain = ""
-    return _REGISTRY.get((domain, op_type))
+    """The kernel factory of an operator, or ``None`` (also for :data:`PLAN_OPERATORS`)."""
+    return _REGISTRY.get((_domain(domain), op_type))
 
 
 def supported_ops(domain: str = "") -> list[str]:
-    _ensure_loaded()
-    return sorted(op for (d, op) in _REGISTRY if d == domain)
+    """Every operator of ``domain`` the host runs (kernels and :data:`PLAN_OPERATORS`)."""
+    ops = {op for (d, op) in _REGISTRY if d == _domain(domain)}
+    if _domain(domain) == "":
+        ops |= PLAN_OPERATORS
+    return sorted(ops)
 
 
 def is_supported(op_type: str, domain: str = "") -> bool:
+    """Whether the host runs the operator (with a kernel, or in the plan for If/Loop/Scan)."""
+    if _domain(domain) == "" and op_type in PLAN_OPERATORS:
+        return True
     return get_factory(op_type, domain) is not None
 
 
 def make_kernel(spec: NodeSpec) -> RunFn:
-    """Build the run function for ``spec``; raises ``KernelError`` if unsupported."""
+    """Build the run function for ``spec``; raises ``KernelError`` if unsupported.
+
+    If/Loop/Scan are not kernels: ``byoc.runtime.plan.host_step`` builds those (and every other
+    node) the way the execution plan does.
+    """
     factory = get_factory(spec.op_type, spec.domain)
     if factory is None:
+        if _domain(spec.domain) == "" and spec.op_type in PLAN_OPERATORS:
+            raise KernelError(f"{spec.label}: {spec.op_type} is run by the execution plan, not a kernel "
+                              "(use byoc.runtime.plan.host_step)")
         raise KernelError(f"{spec.label}: no kernel for operator {spec.domain or 'ai.onnx'}::{spec.op_type}")
     return factory(spec)

@@ -11,9 +11,8 @@ falls back (``strict=True`` raises :class:`byoc.PluginError` instead).
 from __future__ import annotations
 
 import gc
-import json
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import onnx
@@ -23,30 +22,11 @@ from byoc.errors import PluginError
 from byoc.contract.faults import PluginFault
 from byoc.contract.patterns import match_at
 from byoc.contract.types import Pattern, Region, SupportContext, Target
+from byoc.partition.records import NodeRecord
 from byoc.partition.regions import form_regions, is_acyclic
 from byoc.plugins import Registry
 
 CONTROL_FLOW = {"If", "Loop", "Scan"}
-
-
-@dataclass
-class NodeRecord:
-    """Where one node ended up and why; the rows of the placement report."""
-
-    name: str
-    op_type: str
-    device: str = "host"
-    region: str | None = None
-    pattern: str | None = None
-    #: target -> ``None`` (supported) or the reason it was rejected
-    verdicts: dict[str, str | None] = field(default_factory=dict)
-    #: ``"<target>:<rule>"`` of the rule that dropped the node's region, if any
-    rule: str | None = None
-    #: why the node's region fell back to the host after being placed (plugin fault)
-    fallback: str | None = None
-    #: where the node lives: ``""`` for the main graph, else the path of its subgraph
-    #: (``"<control-flow node>/<attribute>"``, nested with ``/``)
-    scope: str = ""
 
 
 @dataclass
@@ -416,7 +396,3 @@ class Partitioner:
                 rec.pattern = region.patterns.get(node.name)
         return PartitionResult(regions, self.records, self.faults.items)
 
-
-def artifact_json(metadata: Mapping[str, Any]) -> str:
-    """Canonical JSON of artifact metadata (sorted keys) or a TypeError naming the problem."""
-    return json.dumps(metadata, sort_keys=True, separators=(",", ":"))

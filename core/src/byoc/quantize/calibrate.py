@@ -26,8 +26,7 @@ import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.errors import ByocError, CalibrationRequiredError, InputError
-from byoc.kernels.registry import make_kernel
-from byoc.runtime.plan import build_plan, check_feeds
+from byoc.runtime.plan import build_plan, check_feeds, host_step
 
 #: default number of histogram bins per tensor
 DEFAULT_BINS = 2048
@@ -191,7 +190,7 @@ class _Observer:
         stats.update(value)
 
     def step_factory(self, node: ir.Node, spec):
-        run = make_kernel(spec)
+        run = host_step(spec)
         names = [v.name for v in node.outputs]
         observe = self.observe
 

@@ -224,10 +224,19 @@ def quantize_model(model: ir.Model | onnx.ModelProto, table: CalibrationTable,
     """
     proto = ir.to_proto(model) if isinstance(model, ir.Model) else onnx.ModelProto.FromString(
         model.SerializeToString())
-    g = proto.graph
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 21)
     if opset < 13:
         raise QuantizationError(f"quantisation needs opset >= 13 (per-axis DequantizeLinear); the model has {opset}")
+    q = _Quantizer(proto, _element_types(proto, model), table, scheme)
+    q.activations()
+    q.constants()
+    q.rewrite()
+    return ir.from_proto(proto), q.params
+
+
+def _element_types(proto: onnx.ModelProto, model: ir.Model | onnx.ModelProto) -> dict[str, int]:
+    """Value name -> ONNX element type, as far as it is known."""
+    g = proto.graph
     dtypes: dict[str, int] = {}
     try:  # element types of the intermediate values (a region body carries none)
         typed = onnx.shape_inference.infer_shapes(proto).graph.value_info
@@ -236,122 +245,138 @@ def quantize_model(model: ir.Model | onnx.ModelProto, table: CalibrationTable,
     for vi in list(g.input) + list(g.output) + list(g.value_info) + list(typed):
         if vi.type.HasField("tensor_type"):
             dtypes[vi.name] = vi.type.tensor_type.elem_type
-    inits = {t.name: t for t in g.initializer}
-    for name, t in inits.items():
-        dtypes[name] = t.data_type
+    for t in g.initializer:
+        dtypes[t.name] = t.data_type
     if isinstance(model, ir.Model):
         for node in model.graph:
             for v in node.outputs:
                 if v.dtype is not None:
                     dtypes.setdefault(v.name, int(v.dtype))
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for i, name in enumerate(n.input):
-            if name:
-                consumers.setdefault(name, []).append((n, i))
-    graph_outputs = {v.name for v in g.output}
-    params = QuantParams(scheme)
+    return dtypes
 
-    def is_float(name: str, where: str) -> bool:
-        if name in table:
+
+class _Quantizer:
+    """One QDQ rewrite of ``proto`` in place: choose parameters for activations (in graph order),
+    then for constants (weights, biases, operands), then insert the Q/DQ nodes."""
+
+    def __init__(self, proto: onnx.ModelProto, dtypes: dict[str, int], table: CalibrationTable,
+                 scheme: QuantScheme):
+        self.proto, self.g = proto, proto.graph
+        self.dtypes, self.table, self.scheme = dtypes, table, scheme
+        self.inits = {t.name: t for t in self.g.initializer}
+        self.consumers: dict[str, list] = {}
+        for n in self.g.node:
+            for i, name in enumerate(n.input):
+                if name:
+                    self.consumers.setdefault(name, []).append((n, i))
+        self.graph_outputs = {v.name for v in self.g.output}
+        self.params = QuantParams(scheme)
+        self.names = _Names(_all_names(self.g))
+        self.act_inputs: list[str] = []
+        self.act_outputs: dict[int, list[str]] = {}
+        self.new_inits: list[onnx.TensorProto] = []
+        self.head: list[onnx.NodeProto] = []  # DequantizeLinear of constants, at the top
+        self.used_inits: set[str] = set()
+        self.float_uses: set[str] = set()  # initializers some node still reads as float
+
+    def is_float(self, name: str, where: str) -> bool:
+        if name in self.table:
             return True
-        if name not in dtypes:
+        if name not in self.dtypes:
             raise QuantizationError(f"tensor {name!r} ({where}) has no calibration statistics and an unknown type")
-        return dtypes[name] in _FLOAT_TYPES
+        return self.dtypes[name] in _FLOAT_TYPES
 
-    def from_stats(name: str, where: str) -> TensorQuant:
-        if name not in table:
+    def from_stats(self, name: str, where: str) -> TensorQuant:
+        if name not in self.table:
             raise QuantizationError(f"tensor {name!r} ({where}) has no calibration statistics; it was not computed "
                                     f"when calibrating the float model")
-        return _activation_params(table, name, scheme, output=name in graph_outputs)
+        return _activation_params(self.table, name, self.scheme, output=name in self.graph_outputs)
 
-    # -- activations, in graph order ----------------------------------------------------------
-    act_inputs = [v.name for v in g.input if v.name not in inits and is_float(v.name, "graph input")]
-    for name in act_inputs:
-        params.tensors[name] = from_stats(name, "graph input")
-    act_outputs: dict[int, list[str]] = {}
-    for k, n in enumerate(g.node):
-        outs = []
-        for j, name in enumerate(n.output):
-            if not name or not is_float(name, f"output {j} of node {n.name or n.op_type!r}"):
-                continue
-            if scheme.fuse_activations and _fuse_skip(name, n, consumers.get(name, []), graph_outputs):
-                continue
-            src = n.input[0] if n.input else ""
-            if _shares_scale(n) and src in params.tensors and params.tensors[src].kind == "activation":
-                params.tensors[name] = replace(params.tensors[src], source=f"shared:{params.logical(src)}")
-            else:
-                params.tensors[name] = from_stats(name, f"output {j} of node {n.name or n.op_type!r}")
-            outs.append(name)
-        act_outputs[k] = outs
+    def activations(self) -> None:
+        """Parameters of the float graph inputs and node outputs, in graph order."""
+        g, params = self.g, self.params
+        self.act_inputs = [v.name for v in g.input if v.name not in self.inits and self.is_float(v.name, "graph input")]
+        for name in self.act_inputs:
+            params.tensors[name] = self.from_stats(name, "graph input")
+        for k, n in enumerate(g.node):
+            outs = []
+            for j, name in enumerate(n.output):
+                if not name or not self.is_float(name, f"output {j} of node {n.name or n.op_type!r}"):
+                    continue
+                if self.scheme.fuse_activations and _fuse_skip(name, n, self.consumers.get(name, []),
+                                                               self.graph_outputs):
+                    continue
+                src = n.input[0] if n.input else ""
+                if _shares_scale(n) and src in params.tensors and params.tensors[src].kind == "activation":
+                    params.tensors[name] = replace(params.tensors[src], source=f"shared:{params.logical(src)}")
+                else:
+                    params.tensors[name] = self.from_stats(name, f"output {j} of node {n.name or n.op_type!r}")
+                outs.append(name)
+            self.act_outputs[k] = outs
 
-    # -- constants: weights, biases, operands ------------------------------------------------
-    names = _Names(_all_names(g))
-    new_inits: list[onnx.TensorProto] = []
-    head: list[onnx.NodeProto] = []  # DequantizeLinear of constants, at the top
-    used_inits: set[str] = set()
-    quantised_use: dict[tuple[str, str], str] = {}  # (initializer, params json) -> dequantised name
-
-    def scale_inits(base: str, tq: TensorQuant) -> tuple[str, str]:
-        s_name, z_name = names(f"{base}/scale"), names(f"{base}/zero_point")
+    def scale_inits(self, base: str, tq: TensorQuant) -> tuple[str, str]:
+        s_name, z_name = self.names(f"{base}/scale"), self.names(f"{base}/zero_point")
         scales = np.asarray(tq.scale, dtype=np.float32)
-        new_inits.append(numpy_helper.from_array(scales, s_name))
+        self.new_inits.append(numpy_helper.from_array(scales, s_name))
         zdt = np.int32 if tq.dtype == "int32" else np.int8
-        new_inits.append(numpy_helper.from_array(np.zeros(scales.shape, zdt), z_name))
+        self.new_inits.append(numpy_helper.from_array(np.zeros(scales.shape, zdt), z_name))
         return s_name, z_name
 
-    def dq_node(src: str, dst: str, tq: TensorQuant, base: str) -> onnx.NodeProto:
-        s_name, z_name = scale_inits(base, tq)
+    def dq_node(self, src: str, dst: str, tq: TensorQuant, base: str) -> onnx.NodeProto:
+        s_name, z_name = self.scale_inits(base, tq)
         kw = {"axis": int(tq.axis)} if tq.axis is not None else {}
-        node = helper.make_node("DequantizeLinear", [src, s_name, z_name], [dst], name=names(f"{base}/DQ"), **kw)
+        node = helper.make_node("DequantizeLinear", [src, s_name, z_name], [dst], name=self.names(f"{base}/DQ"),
+                                **kw)
         _mark(node, "dequantize")
         return node
 
-    uses: list[tuple[onnx.NodeProto, int, str, tuple[str, int | None]]] = []
-    float_uses: set[str] = set()  # initializers some node still reads as float
-    for n in g.node:
-        for i, name in enumerate(n.input):
-            if name not in inits or inits[name].data_type not in _FLOAT_TYPES:
+    def constants(self) -> None:
+        """Quantise the float initializers that nodes read as weights, biases or operands."""
+        inits, params, names = self.inits, self.params, self.names
+        quantised_use: dict[tuple[str, str], str] = {}  # (initializer, params json) -> dequantised name
+        uses: list[tuple[onnx.NodeProto, int, str, tuple[str, int | None]]] = []
+        for n in self.g.node:
+            for i, name in enumerate(n.input):
+                if name not in inits or inits[name].data_type not in _FLOAT_TYPES:
+                    continue
+                role = weight_role(n, i, tuple(inits[name].dims))
+                if role is None:
+                    self.float_uses.add(name)
+                else:
+                    uses.append((n, i, name, role))
+        for n, i, name, (kind, axis) in uses:
+            arr = numpy_helper.to_array(inits[name])
+            if kind == "bias":
+                x = params.tensors.get(n.input[0])
+                w = params.get(n.input[1]) if len(n.input) > 1 else None
+                if x is None or w is None or x.kind != "activation":
+                    kind = "constant"
+                else:
+                    tq, q = _bias_params(arr, x, w, axis)
+            if kind != "bias":
+                tq, q = _values_params(arr, self.scheme, axis, kind)
+            key = (name, json.dumps(tq.to_dict(), sort_keys=True))
+            if key in quantised_use:
+                n.input[i] = quantised_use[key]
                 continue
-            role = weight_role(n, i, tuple(inits[name].dims))
-            if role is None:
-                float_uses.add(name)
-            else:
-                uses.append((n, i, name, role))
-    for n, i, name, (kind, axis) in uses:
-        arr = numpy_helper.to_array(inits[name])
-        if kind == "bias":
-            x = params.tensors.get(n.input[0])
-            w = params.get(n.input[1]) if len(n.input) > 1 else None
-            if x is None or w is None or x.kind != "activation":
-                kind = "constant"
-            else:
-                tq, q = _bias_params(arr, x, w, axis)
-        if kind != "bias":
-            tq, q = _values_params(arr, scheme, axis, kind)
-        key = (name, json.dumps(tq.to_dict(), sort_keys=True))
-        if key in quantised_use:
-            n.input[i] = quantised_use[key]
-            continue
-        # the first quantised use keeps the name (consumers unchanged) unless the float value stays too
-        first = name not in float_uses and not any(k[0] == name for k in quantised_use)
-        logical = name if first else names(f"{name}/dq")
-        q_name = names(f"{name}/q")
-        new_inits.append(numpy_helper.from_array(q, q_name))
-        tq.data = q_name
-        params.tensors[logical] = tq
-        params.aliases[q_name] = logical
-        head.append(dq_node(q_name, logical, tq, logical))
-        quantised_use[key] = logical
-        used_inits.add(name)
-        n.input[i] = logical
+            # the first quantised use keeps the name (consumers unchanged) unless the float value stays too
+            first = name not in self.float_uses and not any(k[0] == name for k in quantised_use)
+            logical = name if first else names(f"{name}/dq")
+            q_name = names(f"{name}/q")
+            self.new_inits.append(numpy_helper.from_array(q, q_name))
+            tq.data = q_name
+            params.tensors[logical] = tq
+            params.aliases[q_name] = logical
+            self.head.append(self.dq_node(q_name, logical, tq, logical))
+            quantised_use[key] = logical
+            self.used_inits.add(name)
+            n.input[i] = logical
 
-    # -- rewrite: border inputs, then each node followed by Q/DQ of its outputs -----------------
-    body: list[onnx.NodeProto] = []
-
-    def qdq(src: str, dst: str, logical: str) -> None:
+    def qdq(self, src: str, dst: str, logical: str) -> list[onnx.NodeProto]:
+        """QuantizeLinear + DequantizeLinear from ``src`` to ``dst`` with ``logical``'s parameters."""
+        names, params = self.names, self.params
         tq = params.tensors[logical]
-        s_name, z_name = scale_inits(logical, tq)
+        s_name, z_name = self.scale_inits(logical, tq)
         q_name = names(f"{logical}/q")
         qn = helper.make_node("QuantizeLinear", [src, s_name, z_name], [q_name], name=names(f"{logical}/Q"))
         _mark(qn, "quantize")
@@ -362,40 +387,44 @@ def quantize_model(model: ir.Model | onnx.ModelProto, table: CalibrationTable,
             params.aliases[src] = logical
         if dst != logical:
             params.aliases[dst] = logical
-        body.extend([qn, dn])
+        return [qn, dn]
 
-    renamed_inputs: dict[str, str] = {}
-    for name in act_inputs:
-        dq_name = names(f"{name}/dq")
-        renamed_inputs[name] = dq_name
-        qdq(name, dq_name, name)
-    for k, n in enumerate(g.node):
-        for i, name in enumerate(n.input):
-            if name in renamed_inputs:
-                n.input[i] = renamed_inputs[name]
-        body.append(n)
-        for name in act_outputs.get(k, []):
-            f_name = names(f"{name}/f")
-            for j, o in enumerate(n.output):
-                if o == name:
-                    n.output[j] = f_name
-            qdq(f_name, name, name)
-    # graph outputs that are graph inputs read the border-dequantised value
-    for v in g.output:
-        if v.name in renamed_inputs:
-            raise QuantizationError(f"graph output {v.name!r} is a graph input; nothing to quantise")
+    def rewrite(self) -> None:
+        """Border inputs, then each node followed by Q/DQ of its outputs; the parameters go into
+        the model's metadata."""
+        g, names = self.g, self.names
+        body: list[onnx.NodeProto] = []
+        renamed_inputs: dict[str, str] = {}
+        for name in self.act_inputs:
+            dq_name = names(f"{name}/dq")
+            renamed_inputs[name] = dq_name
+            body.extend(self.qdq(name, dq_name, name))
+        for k, n in enumerate(g.node):
+            for i, name in enumerate(n.input):
+                if name in renamed_inputs:
+                    n.input[i] = renamed_inputs[name]
+            body.append(n)
+            for name in self.act_outputs.get(k, []):
+                f_name = names(f"{name}/f")
+                for j, o in enumerate(n.output):
+                    if o == name:
+                        n.output[j] = f_name
+                body.extend(self.qdq(f_name, name, name))
+        # graph outputs that are graph inputs read the border-dequantised value
+        for v in g.output:
+            if v.name in renamed_inputs:
+                raise QuantizationError(f"graph output {v.name!r} is a graph input; nothing to quantise")
 
-    kept = [t for t in g.initializer if t.name not in used_inits or t.name in float_uses]
-    del g.initializer[:]
-    g.initializer.extend(kept + new_inits)
-    del g.node[:]
-    g.node.extend(head + body)
-    for entry in list(proto.metadata_props):
-        if entry.key == META_KEY:
-            proto.metadata_props.remove(entry)
-    meta = proto.metadata_props.add()
-    meta.key, meta.value = META_KEY, json.dumps(params.to_json(), sort_keys=True)
-    return ir.from_proto(proto), params
+        kept = [t for t in g.initializer if t.name not in self.used_inits or t.name in self.float_uses]
+        del g.initializer[:]
+        g.initializer.extend(kept + self.new_inits)
+        del g.node[:]
+        g.node.extend(self.head + body)
+        for entry in list(self.proto.metadata_props):
+            if entry.key == META_KEY:
+                self.proto.metadata_props.remove(entry)
+        meta = self.proto.metadata_props.add()
+        meta.key, meta.value = META_KEY, json.dumps(self.params.to_json(), sort_keys=True)
 
 
 def _mark(node: onnx.NodeProto, what: str) -> None:

@@ -26,7 +26,8 @@ def _compile(args: argparse.Namespace):
     import byoc
 
     try:
-        from byoc.runtime.bundle import is_bundle, load
+        from byoc.bundle import is_bundle
+        from byoc.bundle.loader import load
     except ImportError:  # pragma: no cover - bundles are optional here
         is_bundle = load = None
     if is_bundle is not None and Path(args.model).is_file() and is_bundle(args.model):

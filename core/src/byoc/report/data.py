@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 import onnx_ir as ir
 
+from byoc._version import __version__
 from byoc.report.flops import estimate_flops
 from byoc.contract.types import REGION_DOMAIN, REGION_OP
 
@@ -159,8 +160,6 @@ def _fault_entry(f: Any) -> dict[str, Any]:
 
 def report_data(compiled: "CompiledModel") -> dict[str, Any]:
     """The placement report of ``compiled`` as a JSON-ready dict (validates against ``schema.json``)."""
-    from byoc import __version__
-
     index = _GraphIndex(compiled)
     target_names = [t.name for t in compiled.targets]
     nodes: list[dict[str, Any]] = []

@@ -16,7 +16,7 @@ import onnx
 import onnx_ir as ir
 
 from byoc.errors import ByocError
-from byoc.report.data import REGION_DOMAIN, REGION_OP
+from byoc.contract import REGION_DOMAIN, REGION_OP
 
 if TYPE_CHECKING:  # pragma: no cover
     from byoc.runtime.compiled import CompiledModel

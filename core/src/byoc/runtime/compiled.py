@@ -10,12 +10,13 @@ import numpy as np
 import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget
+from byoc.bundle.writer import save as save_bundle
 from byoc.runtime.control import CancelHandle, controlled
 from byoc.runtime.plan import InputSpec, Plan, check_feeds
 
 if TYPE_CHECKING:  # pragma: no cover
-    from byoc.compiler import CompiledRegion
-    from byoc.partition.partitioner import NodeRecord
+    from byoc.codegen import CompiledRegion
+    from byoc.partition.records import NodeRecord
     from byoc.contract import Target
     from byoc.plugins import PluginFault
 
@@ -90,16 +91,14 @@ class CompiledModel:
         return self._plan.execute(check_feeds(self._plan.input_specs(), feeds))
 
     def save(self, path: "str | os.PathLike") -> "Path":
-        """Write the compiled model to one bundle file (a zip; see :mod:`byoc.runtime.bundle`).
+        """Write the compiled model to one bundle file (a zip; see :mod:`byoc.bundle`).
 
         The file is replaced atomically: an existing file at ``path`` is intact until the new
         bundle is complete. ``byoc.load(path)`` gives back a model with bit-identical outputs.
         :returns: the path written.
         :raises BundleError: the model cannot be bundled or the file cannot be written.
         """
-        from byoc.runtime.bundle import save
-
-        return save(self, path)
+        return save_bundle(self, path)
 
     def placement(self) -> dict[str, str]:
         """Node name -> device (``"host"`` or a target name)."""

@@ -15,8 +15,9 @@ import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.errors import ByocError, InputError, KernelError, ResourceLimitError
-from byoc.kernels.registry import NodeSpec, make_kernel
+from byoc.kernels.registry import NodeSpec, RunFn, make_kernel
 from byoc.runtime import control as _control
+from byoc.runtime import control_flow as _control_flow
 
 
 def attr_value(attr: ir.Attr) -> Any:
@@ -220,6 +221,19 @@ def captured_values(graphs: Sequence[ir.Graph]) -> list[ir.Value]:
     return ordered
 
 
+def host_step(spec: NodeSpec) -> RunFn:
+    """The run function the host gives a node: its kernel, or for If/Loop/Scan a step that runs
+    plans of its subgraphs (built with ``spec.step_factory`` and ``spec.captured``)."""
+    factory = _control_flow.FACTORIES.get(spec.op_type) if spec.domain in ("", "ai.onnx") else None
+    if factory is None:
+        return make_kernel(spec)
+
+    def body_plan(graph: ir.Graph) -> Plan:
+        return build_plan(graph, budget=spec.budget, step_factory=spec.step_factory, captured=spec.captured)
+
+    return factory(spec, body_plan)
+
+
 def build_plan(
     graph: ir.Graph,
     *,
@@ -230,7 +244,7 @@ def build_plan(
     """Lower ``graph`` (topologically sorted) to a :class:`Plan`.
 
     ``step_factory(node, spec)`` can supply the run function for a node (used for offloaded
-    regions); by default the host kernel registry does. ``captured`` lists outer-scope values a
+    regions); ``None`` from it, or no factory, means :func:`host_step`. ``captured`` lists outer-scope values a
     subgraph reads; :meth:`Plan.run_positional` feeds them after the graph inputs. A node with
     subgraphs (If, Loop, Scan) receives the values its bodies capture after its own inputs, and
     finds them in ``spec.captured``.
@@ -281,7 +295,7 @@ def build_plan(
         spec.step_factory = step_factory
         run = step_factory(node, spec) if step_factory is not None else None
         if run is None:
-            run = make_kernel(spec)
+            run = host_step(spec)
         steps.append(
             Step(
                 run=run,

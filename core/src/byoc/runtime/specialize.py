@@ -6,6 +6,9 @@ policy (:attr:`byoc.Target.shape_policy`): ``dynamic`` targets take part in that
 shapes the first time they are seen (``static``: any shapes, up to the target's
 ``max_specializations``; ``buckets``: only the listed shapes) and caches it. Shapes without a
 specialisation run on the shape-agnostic base compile (dynamic targets and the host).
+
+:func:`specialise` is a wrapper around a single-shape compile that ``byoc.compile`` passes in,
+so this module never imports the compile driver.
 """
 
 from __future__ import annotations
@@ -50,6 +53,26 @@ def with_input_shapes(proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
     for vi in list(out.graph.value_info):  # stale symbolic shapes would contradict the new ones
         out.graph.value_info.remove(vi)
     return out
+
+
+def specialise(
+    proto: onnx.ModelProto,
+    targets: Sequence["Target"],
+    compile_shapes: Callable[[onnx.ModelProto, Sequence["Target"]], "CompiledModel"],
+) -> "CompiledModel":
+    """Compile ``proto`` (symbolic input dimensions) once with the ``dynamic`` targets only and
+    attach a :class:`Specializer` that compiles for all ``targets`` per concrete input shapes.
+
+    :param compile_shapes: ``compile_shapes(model, targets)``, one compile of ``model`` for
+        ``targets`` (in priority order).
+    :returns: the base compiled model; its ``run`` picks a specialisation by the feeds' shapes.
+    """
+    targets = list(targets)
+    static = [t for t in targets if t.shape_policy != "dynamic"]
+    base = compile_shapes(proto, [t for t in targets if t.shape_policy == "dynamic"])
+    base.specializer = Specializer(base, proto, static, lambda p: compile_shapes(p, targets))
+    base.options["shape_policy"] = {t.name: t.shape_policy for t in targets}
+    return base
 
 
 class Specializer:

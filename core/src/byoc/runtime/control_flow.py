@@ -1,23 +1,30 @@
-"""If, Loop and Scan: subgraphs run as plans of their own on the host.
+"""If, Loop and Scan: the execution plan runs their subgraphs as plans of their own.
 
-A body is lowered once, when the node's kernel is built, to a :class:`~byoc.runtime.plan.Plan`.
-Values the body reads from outer scopes arrive after the node's own inputs (see
-``NodeSpec.captured``) and are passed on to the body positionally.
+These are not kernels: :func:`byoc.runtime.plan.build_plan` builds their steps. Each factory
+here receives the node's :class:`~byoc.kernels.registry.NodeSpec` and ``body_plan``, which
+lowers one subgraph to a :class:`~byoc.runtime.plan.Plan` (the plan builder passes itself in,
+so this module never imports it). A body is lowered once, when the step is built. Values the
+body reads from outer scopes arrive after the node's own inputs (see ``NodeSpec.captured``) and
+are passed on to the body positionally.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 import numpy as np
 
 from byoc.errors import ResourceLimitError
-from byoc.kernels.registry import NodeSpec, kernel
+from byoc.kernels.registry import NodeSpec, RunFn
 from byoc.runtime import control
 
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx_ir as ir
 
-def _body_plan(spec: NodeSpec, graph):
-    from byoc.runtime.plan import build_plan
+    from byoc.runtime.plan import Plan
 
-    return build_plan(graph, budget=spec.budget, step_factory=spec.step_factory, captured=spec.captured)
+#: lowers one subgraph of the node to a plan
+BodyPlanner = Callable[["ir.Graph"], "Plan"]
 
 
 def _split_args(spec: NodeSpec, args: tuple) -> tuple[tuple, tuple]:
@@ -25,10 +32,9 @@ def _split_args(spec: NodeSpec, args: tuple) -> tuple[tuple, tuple]:
     return args[:n], args[n:]
 
 
-@kernel("If")
-def make_if(spec: NodeSpec):
-    then_plan = _body_plan(spec, spec.attrs["then_branch"])
-    else_plan = _body_plan(spec, spec.attrs["else_branch"])
+def make_if(spec: NodeSpec, body_plan: BodyPlanner) -> RunFn:
+    then_plan = body_plan(spec.attrs["then_branch"])
+    else_plan = body_plan(spec.attrs["else_branch"])
 
     def run(*args):
         (cond,), captured = _split_args(spec, args)
@@ -50,10 +56,9 @@ def _stack(spec: NodeSpec, items: list[np.ndarray], axis: int = 0, reverse: bool
     return np.stack(items, axis=axis)
 
 
-@kernel("Loop")
-def make_loop(spec: NodeSpec):
+def make_loop(spec: NodeSpec, body_plan: BodyPlanner) -> RunFn:
     body = spec.attrs["body"]
-    plan = _body_plan(spec, body)
+    plan = body_plan(body)
     n_carried = len(body.inputs) - 2
     max_iter = spec.budget.max_loop_iterations
 
@@ -99,10 +104,9 @@ def make_loop(spec: NodeSpec):
     return run
 
 
-@kernel("Scan")
-def make_scan(spec: NodeSpec):
+def make_scan(spec: NodeSpec, body_plan: BodyPlanner) -> RunFn:
     body = spec.attrs["body"]
-    plan = _body_plan(spec, body)
+    plan = body_plan(body)
     m = int(spec.attrs["num_scan_inputs"])
     n_state = len(body.inputs) - m
     k = len(body.outputs) - n_state
@@ -147,3 +151,12 @@ def make_scan(spec: NodeSpec):
         return tuple(states) + tuple(results)
 
     return run
+
+
+#: operator type (default ONNX domain) -> step factory; the kernel registry lists the same
+#: names in ``PLAN_OPERATORS`` so support checks see them without importing the runtime
+FACTORIES: dict[str, Callable[[NodeSpec, BodyPlanner], RunFn]] = {
+    "If": make_if,
+    "Loop": make_loop,
+    "Scan": make_scan,
+}

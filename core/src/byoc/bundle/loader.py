@@ -1,0 +1,373 @@
+"""Loading a bundle: ``byoc.load(path)`` -> a :class:`~byoc.runtime.compiled.CompiledModel`.
+
+The archive is read and verified first (:mod:`byoc.bundle.reader`); then ``compiled.json`` and
+the host graph are checked against each other and against the manifest, every region's
+artifact goes back through its plugin's ``byoc_runtime`` hook (:mod:`byoc.codegen`), and plugins
+that are missing or of another version are refused, or with ``fallback="host"`` replaced by the
+region's kept subgraph on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import onnx_ir as ir
+
+from byoc.budget import DEFAULT_BUDGET, Budget
+from byoc.bundle.format import (
+    COMPILED,
+    HOST_GRAPH,
+    MANIFEST,
+    BundleFallbackWarning,
+    expected_region_members,
+    region_members,
+)
+from byoc.bundle.reader import Reader, parse_json, parse_onnx, require
+from byoc.codegen import CompiledRegion, codegen_region, region_step_factory
+from byoc.errors import BundleError, ByocError, OptionError
+from byoc.partition.records import NodeRecord
+from byoc.contract import REGION_DOMAIN, REGION_OP, Artifact, Region, Target
+from byoc.contract.options import bundle_options
+from byoc.plugins import PluginFault, get_registry
+from byoc.runtime.compiled import CompiledModel
+from byoc.runtime.plan import build_plan
+from byoc.runtime.subgraph import host_callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from byoc.plugins import Registry
+
+
+def _plugin_problem(registry: "Registry | None", target: str, need: Mapping[str, Any]) -> str | None:
+    """Why ``registry`` cannot run ``target`` as the bundle needs it, or ``None``."""
+    plugin, dist, version = need["plugin"], need["distribution"], need["version"]
+    who = f"plugin {plugin!r}" + (f" (distribution {dist!r})" if dist else "")
+    wanted = f"{who} version {version!r} for target {target!r}"
+    if registry is None or (target not in registry.targets and target not in registry.conflicts
+                            and target not in registry.incompatible):
+        return f"the bundle needs {wanted}, which is not installed"
+    if target in registry.conflicts:
+        return f"the bundle needs {wanted}, but several plugins register it: {', '.join(registry.conflicts[target])}"
+    if target in registry.incompatible:
+        t = registry.incompatible[target]
+        return (f"the bundle needs {wanted}, but the installed plugin {t.plugin!r} was built for another "
+                f"hook API version ({t.api_version})")
+    have = registry.targets[target]
+    if have.version != version:
+        return (f"the bundle needs {wanted}, but plugin {have.plugin!r} provides version {have.version!r}; "
+                f"install version {version!r} or recompile")
+    return None
+
+
+def _records_from_json(rows: Any, origin: str) -> dict[str, NodeRecord]:
+    fields = {f.name for f in dataclasses.fields(NodeRecord)}
+    if not isinstance(rows, list):
+        raise BundleError(f"{origin}: member {COMPILED!r}: 'records' is not a list")
+    records = {}
+    for row in rows:
+        if not isinstance(row, dict) or not isinstance(row.get("name"), str) or set(row) - fields:
+            raise BundleError(f"{origin}: member {COMPILED!r}: malformed record {str(row)[:200]}")
+        verdicts = row.get("verdicts", {})
+        ok = all(isinstance(row.get(k), str) for k in ("name", "op_type", "device") if k in row) and all(
+            row.get(k) is None or isinstance(row.get(k), str) for k in ("region", "pattern", "rule", "fallback")
+        ) and isinstance(verdicts, dict) and all(v is None or isinstance(v, str) for v in verdicts.values())
+        try:
+            if not ok:
+                raise TypeError("a field has the wrong type")
+            rec = NodeRecord(**row)
+        except TypeError as exc:
+            raise BundleError(f"{origin}: member {COMPILED!r}: malformed record {row['name']!r}: {exc}") from None
+        records[rec.name] = rec
+    return records
+
+
+def _dataclass_list(cls, rows: Any, what: str, origin: str) -> list:
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if not isinstance(rows, list):
+        raise BundleError(f"{origin}: member {COMPILED!r}: {what!r} is not a list")
+    out = []
+    for row in rows:
+        if not isinstance(row, dict) or set(row) - fields:
+            raise BundleError(f"{origin}: member {COMPILED!r}: malformed entry in {what!r}: {str(row)[:200]}")
+        try:
+            out.append(cls(**row))
+        except TypeError as exc:
+            raise BundleError(f"{origin}: member {COMPILED!r}: malformed entry in {what!r}: {exc}") from None
+    return out
+
+
+class _QuietFaults:
+    """Collects plugin faults of the runtime hook without warning (load decides what to say)."""
+
+    strict = False
+
+    def __init__(self) -> None:
+        self.items: list[PluginFault] = []
+
+    def add(self, plugin: str, hook: str, message: str) -> PluginFault:
+        fault = PluginFault(plugin, hook, message)
+        self.items.append(fault)
+        return fault
+
+
+def load(
+    path: str | os.PathLike,
+    *,
+    registry: "Registry | None" = None,
+    fallback: str | None = None,
+    budget: Budget | None = None,
+    target_options: "Mapping[str, Mapping[str, Any]] | None" = None,
+) -> CompiledModel:
+    """Load a bundle written by :meth:`CompiledModel.save`.
+
+    :param path: the bundle file.
+    :param registry: the plugin registry (default: the installed plugins, consulted only when the
+        bundle has offloaded regions).
+    :param fallback: ``"host"`` runs each region whose plugin is missing, of another version, or
+        cannot load its artifact on the host from the region's kept subgraph (with a
+        :class:`BundleFallbackWarning`); ``None``/``"error"`` (default) raises :class:`BundleError`.
+    :param budget: resource limits for reading (declared member sizes) and running.
+    :param target_options: the loading user's options per target, validated like
+        ``byoc.compile``'s. The bundle's own options are validated against the installed target's
+        declared options; machine-local ones (cache folders, threads, device index) are never
+        taken from the bundle, the loading user's (or the defaults) apply.
+    :raises BundleError: unreadable, truncated or tampered bundle; unsafe or unexpected members;
+        a missing or incompatible plugin (naming it and the version the bundle needs).
+    :raises OptionError: a bundle or user option the installed target does not accept.
+    """
+    if fallback not in (None, "error", "host"):
+        raise OptionError(f"fallback must be None/'error' (refuse) or 'host', got {fallback!r}")
+    reader = Reader(Path(os.fspath(path)), budget or DEFAULT_BUDGET)
+    reader.read()
+    return _Loader(reader, registry, fallback == "host", target_options).load()
+
+
+class _Loader:
+    """Builds the compiled model from the verified members of one bundle, step by step."""
+
+    def __init__(self, reader: Reader, registry: "Registry | None", host_fallback: bool,
+                 user_options: "Mapping[str, Mapping[str, Any]] | None" = None):
+        #: the loading user's options per target (machine-local options come only from here)
+        self.user_options = dict(user_options or {})
+        self.origin, self.members, self.manifest = reader.origin, reader.members, reader.manifest
+        self.budget = reader.budget
+        self.registry = registry
+        self.allow_fallback = host_fallback
+        #: target -> why this process cannot run it (only with fallback="host")
+        self.unavailable: dict[str, str] = {}
+        #: region name -> why it runs on the host
+        self.host_fallback: dict[str, str] = {}
+
+    def fail(self, msg: str) -> BundleError:
+        return BundleError(f"{self.origin}: {msg}")
+
+    def load(self) -> CompiledModel:
+        self._read_compiled()
+        self._check_manifest_plugins()
+        model = parse_onnx(self.members[HOST_GRAPH], HOST_GRAPH, self.origin, self.budget)
+        region_nodes = self._region_nodes(model)
+        self._find_unavailable_targets()
+        compiled_regions = self._regions(region_nodes)
+        for rec in self.records.values():
+            if rec.region in self.host_fallback:
+                rec.device, rec.fallback = "host", self.host_fallback[rec.region]
+        try:
+            plan = build_plan(model.graph, budget=self.budget, step_factory=region_step_factory(compiled_regions))
+        except ByocError as exc:
+            raise self.fail(f"member {HOST_GRAPH!r}: {type(exc).__name__}: {exc}") from None
+        cm = CompiledModel(
+            model,
+            plan,
+            options=self.options,
+            regions=compiled_regions,
+            records=self.records,
+            faults=self.faults,
+            targets=self._live_targets(),
+            budget=self.budget,
+        )
+        cm.host_fallback = self.host_fallback
+        return cm
+
+    def _read_compiled(self) -> None:
+        """compiled.json: its structure, and the exact member set it implies."""
+        members, origin = self.members, self.origin
+        if COMPILED not in members:
+            raise self.fail(f"member {COMPILED!r} is missing")
+        if HOST_GRAPH not in members:
+            raise self.fail(f"member {HOST_GRAPH!r} is missing")
+        info = parse_json(members[COMPILED], COMPILED, origin)
+        where = (COMPILED, info)
+        self.options = require(where, "options", dict, origin)
+        self.regions_json = require(where, "regions", list, origin)
+        expected = {COMPILED, HOST_GRAPH} | expected_region_members(len(self.regions_json))
+        for name in members:
+            if name not in expected:
+                raise self.fail(f"unexpected member {name!r}: the compiled model does not use it; refused")
+        for name in sorted(expected):
+            if name not in members:
+                raise self.fail(f"member {name!r} is missing")
+        self.targets = _dataclass_list(Target, info.get("targets"), "targets", origin)
+        self.faults = _dataclass_list(PluginFault, info.get("faults"), "faults", origin)
+        self.records = _records_from_json(info.get("records"), origin)
+        self.target_options = self.options.get("target_options", {})
+        if not isinstance(self.target_options, dict):
+            raise self.fail(f"member {COMPILED!r}: options.target_options is not an object")
+
+    def _check_manifest_plugins(self) -> None:
+        """The manifest's plugins against compiled.json's targets."""
+        plugins = self.manifest["plugins"]
+        for t in self.targets:
+            need = plugins.get(t.name)
+            if need is None:
+                raise self.fail(f"member {MANIFEST!r} names no plugin for target {t.name!r}")
+            if (need["plugin"], need["version"]) != (t.plugin, t.version):
+                raise self.fail(f"member {MANIFEST!r} says target {t.name!r} needs plugin {need['plugin']!r} "
+                                f"version {need['version']!r}, but {COMPILED!r} records plugin {t.plugin!r} "
+                                f"version {t.version!r}; tampered")
+        self.target_by_name = {t.name: t for t in self.targets}
+
+    def _region_nodes(self, model: ir.Model) -> dict[str, ir.Node]:
+        """The host graph's ``byoc::Region`` nodes by region name; any other ``byoc`` node is refused."""
+        region_nodes: dict[str, ir.Node] = {}
+        for node in model.graph:
+            if node.domain != REGION_DOMAIN:
+                continue
+            if node.op_type != REGION_OP:
+                raise self.fail(f"member {HOST_GRAPH!r}: node {node.name!r} is {REGION_DOMAIN}::{node.op_type}; "
+                                f"only {REGION_DOMAIN}::{REGION_OP} nodes may use the {REGION_DOMAIN!r} domain")
+            attrs = node.attributes
+            region_attr = attrs.get("region")
+            target_attr = attrs.get("target")
+            if region_attr is None or target_attr is None or region_attr.type != ir.AttributeType.STRING \
+                    or target_attr.type != ir.AttributeType.STRING:
+                raise self.fail(f"member {HOST_GRAPH!r}: region node {node.name!r} lacks string attributes "
+                                "target/region")
+            name = region_attr.value
+            if name != node.name or name in region_nodes:
+                raise self.fail(f"member {HOST_GRAPH!r}: region node {node.name!r} names region {name!r}; "
+                                f"duplicate or inconsistent")
+            region_nodes[name] = node
+        return region_nodes
+
+    def _find_unavailable_targets(self) -> None:
+        """Which targets the regions use that this process cannot run (refused without fallback)."""
+        plugins = self.manifest["plugins"]
+        needed_targets = []
+        for entry in self.regions_json:
+            if isinstance(entry, dict) and isinstance(entry.get("target"), str):
+                if entry["target"] not in needed_targets:
+                    needed_targets.append(entry["target"])
+        if needed_targets and self.registry is None:
+            self.registry = get_registry()
+        for target in needed_targets:
+            need = plugins.get(target)
+            if need is None:
+                raise self.fail(f"member {MANIFEST!r} names no plugin for target {target!r}, which region(s) use")
+            if target not in self.target_by_name:
+                raise self.fail(f"member {COMPILED!r}: regions use target {target!r}, which the model was not "
+                                "compiled for")
+            problem = _plugin_problem(self.registry, target, need)
+            if problem is not None:
+                if not self.allow_fallback:
+                    raise self.fail(f"{problem} (pass fallback='host' to run its regions on the host instead)")
+                self.unavailable[target] = problem
+
+    def _live_targets(self) -> list[Target]:
+        """The installed plugin's target where it is the one the bundle needs, else the recorded one."""
+        registry = self.registry
+        return [
+            registry.targets[t.name] if registry is not None and t.name in registry.targets
+            and t.name not in self.unavailable and registry.targets[t.name].version == t.version else t
+            for t in self.targets
+        ]
+
+    def _regions(self, region_nodes: Mapping[str, ir.Node]) -> list[CompiledRegion]:
+        compiled_regions = []
+        seen_regions: set[str] = set()
+        for i, entry in enumerate(self.regions_json):
+            region, artifact, plugin = self._region(i, entry, region_nodes, seen_regions)
+            compiled_regions.append(self._runtime(region, artifact, plugin))
+        for name in region_nodes:
+            if name not in seen_regions:
+                raise self.fail(f"member {HOST_GRAPH!r}: Region node {name!r} has no region in {COMPILED!r}")
+        return compiled_regions
+
+    def _region(self, i: int, entry: Any, region_nodes: Mapping[str, ir.Node],
+                seen_regions: set[str]) -> tuple[Region, Artifact, str]:
+        """Region ``i`` of compiled.json with its artifact and subgraph, checked against its node."""
+        if not isinstance(entry, dict):
+            raise self.fail(f"member {COMPILED!r}: region entry #{i} is not an object")
+        name, target, plugin = entry.get("name"), entry.get("target"), entry.get("plugin")
+        patterns, refs = entry.get("patterns", {}), entry.get("members")
+        if not (isinstance(name, str) and isinstance(target, str) and isinstance(plugin, str)
+                and isinstance(patterns, dict) and all(isinstance(v, str) for v in patterns.values())):
+            raise self.fail(f"member {COMPILED!r}: region entry #{i} is malformed")
+        bin_name, json_name, onnx_name = region_members(i)
+        if refs != {"artifact": bin_name, "metadata": json_name, "subgraph": onnx_name}:
+            raise self.fail(f"member {COMPILED!r}: region {name!r} refers to members {refs!r}, expected "
+                            f"{bin_name!r}, {json_name!r}, {onnx_name!r}")
+        if name in seen_regions:
+            raise self.fail(f"member {COMPILED!r}: region {name!r} appears twice")
+        seen_regions.add(name)
+        node = region_nodes.get(name)
+        if node is None:
+            raise self.fail(f"member {HOST_GRAPH!r} has no Region node for region {name!r}")
+        if node.attributes["target"].value != target:
+            raise self.fail(f"member {HOST_GRAPH!r}: region node {name!r} says target "
+                            f"{node.attributes['target'].value!r}, {COMPILED!r} says {target!r}")
+        meta_json = parse_json(self.members[json_name], json_name, self.origin)
+        metadata = meta_json.get("metadata")
+        if not isinstance(meta_json.get("target"), str) or not isinstance(meta_json.get("format"), str) \
+                or not isinstance(metadata, dict):
+            raise self.fail(f"member {json_name!r}: malformed artifact metadata for region {name!r}")
+        artifact = Artifact(meta_json["target"], meta_json["format"], self.members[bin_name], metadata)
+        body = parse_onnx(self.members[onnx_name], onnx_name, self.origin, self.budget)
+        in_names = [v.name for v in node.inputs if v is not None]
+        out_names = [v.name for v in node.outputs]
+        if len(in_names) != len(node.inputs) or [v.name for v in body.graph.inputs] != in_names \
+                or [v.name for v in body.graph.outputs] != out_names:
+            raise self.fail(f"member {onnx_name!r}: the subgraph's inputs/outputs do not match region node "
+                            f"{name!r}")
+        if list(artifact.input_names) != in_names or list(artifact.output_names) != out_names:
+            raise self.fail(f"member {json_name!r}: the artifact's inputs/outputs do not match region node "
+                            f"{name!r}")
+        region = Region(name=name, target=target, nodes=list(body.graph), inputs=list(node.inputs),
+                        outputs=list(node.outputs), patterns=dict(patterns), model=body)
+        return region, artifact, plugin
+
+    def _runtime(self, region: Region, artifact: Artifact, plugin: str) -> CompiledRegion:
+        """The region's callable from its plugin's runtime hook, or its kept subgraph on the host."""
+        name, target = region.name, region.target
+        opts = self.target_options.get(target, {})
+        if not isinstance(opts, dict):
+            raise self.fail(f"member {COMPILED!r}: options for target {target!r} are not an object")
+        why = self.unavailable.get(target)
+        if why is None:
+            # the installed target's schema judges the bundle's options; machine-local ones come
+            # from the loading user
+            opts = bundle_options(self.registry.targets[target], opts, self.user_options.get(target),
+                                  origin=f"{self.origin}: member {COMPILED!r}")
+            hook_faults = _QuietFaults()
+            cr = codegen_region(self.registry, region, opts, hook_faults, artifact=artifact)
+            if cr is not None:
+                return cr
+            fault = hook_faults.items[-1] if hook_faults.items else None
+            why = f"{fault}" if fault is not None else "no plugin provided a runtime"
+            why = f"plugin {plugin!r} cannot load the artifact of region {name!r}: {why}"
+            if not self.allow_fallback:
+                raise self.fail(why)
+        try:
+            fn = host_callable(region.model, self.budget)
+        except ByocError as exc:
+            raise self.fail(f"region {name!r} cannot run on the host ({why}): {exc}") from None
+        # stacklevel: this method, _regions, _Loader.load, load, the caller of byoc.load
+        warnings.warn(f"{self.origin}: region {name!r} runs on the host from its kept subgraph: {why}",
+                      BundleFallbackWarning, stacklevel=5)
+        self.host_fallback[name] = why
+        return CompiledRegion(region, artifact, plugin, fn)
+
+
+__all__ = ["BundleFallbackWarning", "load"]

@@ -1,0 +1,184 @@
+"""Code generation: region -> artifact -> callable, and substitution into the host graph.
+
+After partitioning, each region goes through its target's ``byoc_codegen`` hook (an
+:class:`~byoc.contract.Artifact`: bytes and JSON metadata) and ``byoc_runtime`` hook (a
+callable), guarded so that a failure names the plugin, hook and region. The regions' nodes are
+then replaced by one ``byoc::Region`` node each, which the execution plan runs with that
+callable. ``byoc.load`` uses the same path for a bundle's stored artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from byoc.errors import ByocError, PluginError, UnsupportedOperatorError
+from byoc.kernels import is_supported
+from byoc.partition.partitioner import _Faults, region_io
+from byoc.contract import REGION_DOMAIN, REGION_OP, Artifact, Region
+from byoc.passes.base import replace_value
+from byoc.plugins import Registry
+
+@dataclass
+class CompiledRegion:
+    """A region after code generation: what runs, and what a bundle stores."""
+
+    region: Region
+    artifact: Artifact
+    plugin: str
+    fn: Callable[..., Sequence[np.ndarray]]
+
+
+def validate_artifact(artifact: Any, region: Region) -> Artifact:
+    """The artifact a ``byoc_codegen`` hook returned, checked and normalised (metadata gets the
+    region's input/output names); ``TypeError``/``ValueError`` say what is wrong."""
+    if not isinstance(artifact, Artifact):
+        raise TypeError(f"returned {type(artifact).__name__}, expected byoc.contract.Artifact")
+    if not isinstance(artifact.data, (bytes, bytearray)):
+        raise TypeError(f"Artifact.data is {type(artifact.data).__name__}, expected bytes")
+    meta = dict(artifact.metadata)
+    meta.setdefault("inputs", [v.name for v in region.inputs])
+    meta.setdefault("outputs", [v.name for v in region.outputs])
+    json.dumps(meta, sort_keys=True)  # TypeError if not JSON-serialisable
+    if list(meta["inputs"]) != [v.name for v in region.inputs] or list(meta["outputs"]) != [
+        v.name for v in region.outputs
+    ]:
+        raise ValueError("Artifact.metadata inputs/outputs do not match the region's")
+    return Artifact(artifact.target, str(artifact.format), bytes(artifact.data), meta)
+
+
+def guarded_runtime(fn: Callable, plugin: str, region_name: str, target: str, n_outputs: int) -> Callable:
+    """Wrap a vendor callable so a failure at run time names plugin, hook and region."""
+
+    def run(*args):
+        try:
+            outs = fn(*args)
+        except ByocError:
+            raise
+        except Exception as exc:
+            raise PluginError(
+                f"plugin {plugin!r}, hook byoc_runtime: the callable for region {region_name!r} (target {target!r}) "
+                f"raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(outs, (list, tuple)) or len(outs) != n_outputs:
+            raise PluginError(
+                f"plugin {plugin!r}, hook byoc_runtime: region {region_name!r} returned "
+                f"{type(outs).__name__} of length {len(outs) if hasattr(outs, '__len__') else '?'}, "
+                f"expected a sequence of {n_outputs} arrays"
+            )
+        return outs
+
+    return run
+
+
+#: default limit for one codegen or runtime hook call, seconds
+HOOK_TIMEOUT = 600.0
+
+
+def codegen_region(registry: Registry, region: Region, options: Mapping[str, Any], faults: _Faults,
+                   artifact: Artifact | None = None,
+                   hook_timeout: float | None = HOOK_TIMEOUT) -> CompiledRegion | None:
+    """Run the codegen (unless ``artifact`` is given) and runtime hooks; ``None`` on a plugin fault."""
+    target = region.target
+    plugin = registry.targets[target].plugin if target in registry.targets else ""
+    if artifact is None:
+        plugin_cg, result, hook_faults = registry.call_first("byoc_codegen", timeout=hook_timeout, target=target,
+                                                              region=region, options=options)
+        for f in hook_faults:
+            faults.add(f.plugin, f.hook, f"{f.message} (region {region.name!r})")
+        if result is None:
+            if not hook_faults:
+                faults.add(plugin, "byoc_codegen", f"no plugin generated code for region {region.name!r}")
+            return None
+        try:
+            artifact = validate_artifact(result, region)
+        except (TypeError, ValueError) as exc:
+            faults.add(plugin_cg, "byoc_codegen", f"{exc} (region {region.name!r})")
+            return None
+    plugin_rt, fn, hook_faults = registry.call_first("byoc_runtime", timeout=hook_timeout, target=target,
+                                                      artifact=artifact, options=options)
+    for f in hook_faults:
+        faults.add(f.plugin, f.hook, f"{f.message} (region {region.name!r})")
+    if fn is None or not callable(fn):
+        if fn is not None:
+            faults.add(plugin_rt, "byoc_runtime", f"returned {type(fn).__name__}, expected a callable "
+                       f"(region {region.name!r})")
+        elif not hook_faults:
+            faults.add(plugin, "byoc_runtime", f"no plugin provided a runtime for region {region.name!r}")
+        return None
+    fn = guarded_runtime(fn, plugin_rt, region.name, target, len(region.outputs))
+    return CompiledRegion(region, artifact, plugin_rt, fn)
+
+
+def substitute_regions(compiled: Sequence[CompiledRegion]) -> None:
+    """Replace each region's nodes with one ``byoc::Region`` node in their graph, keeping value names."""
+    touched: dict[int, ir.Graph] = {}
+    for cr in compiled:
+        region = cr.region
+        graph = region.nodes[0].graph
+        touched[id(graph)] = graph
+        # an earlier substitution may have replaced values this region reads: take them afresh
+        inputs, _, _ = region_io(region.nodes)
+        assert [v.name for v in inputs] == list(cr.artifact.input_names), region.name
+        region.inputs = inputs
+        node = ir.Node(
+            REGION_DOMAIN,
+            REGION_OP,
+            list(inputs),
+            attributes=[ir.AttrString("target", region.target), ir.AttrString("region", region.name)],
+            num_outputs=len(region.outputs),
+            name=region.name,
+        )
+        graph.append(node)
+        for old, new in zip(region.outputs, node.outputs):
+            new.type, new.shape = old.type, old.shape
+            replace_value(old, new)
+        graph.remove(region.nodes, safe=True)
+        region.outputs = list(node.outputs)
+    for graph in touched.values():
+        graph.sort()
+
+
+def check_host_kernels(graph: ir.Graph) -> None:
+    """Every node left on the host needs a host kernel; list all that lack one."""
+    bad = [
+        (n.name, n.domain or "ai.onnx", n.op_type)
+        for n in ir.traversal.RecursiveGraphIterator(graph)
+        if n.domain != REGION_DOMAIN and not is_supported(n.op_type, n.domain)
+    ]
+    if bad:
+        listing = "; ".join(f"{name} ({d}::{op})" for name, d, op in bad[:50])
+        raise UnsupportedOperatorError(
+            f"{len(bad)} node(s) stay on the host but have no host kernel (no selected target took them): {listing}",
+            nodes=bad,
+        )
+
+
+def region_step_factory(compiled: Sequence[CompiledRegion]) -> Callable:
+    """A ``build_plan`` step factory that runs each ``byoc::Region`` node with its region's callable."""
+    by_name = {cr.region.name: cr for cr in compiled}
+
+    def step_factory(node: ir.Node, spec):
+        if node.domain == REGION_DOMAIN and node.op_type == REGION_OP:
+            return by_name[node.name].fn
+        return None
+
+    return step_factory
+
+
+__all__ = [
+    "HOOK_TIMEOUT",
+    "REGION_DOMAIN",
+    "REGION_OP",
+    "CompiledRegion",
+    "check_host_kernels",
+    "codegen_region",
+    "guarded_runtime",
+    "region_step_factory",
+    "substitute_regions",
+    "validate_artifact",
+]
