@@ -230,6 +230,10 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         ``targets``, and is skipped when ``targets=None`` (``options["skipped_targets"]`` says why).
     :returns: a :class:`CompiledModel`.
     """
+    from byoc.arguments import check_compile_args
+
+    check_compile_args(targets=targets, passes=passes, budget=budget, target_options=target_options,
+                       strict=strict, hook_timeout=hook_timeout, calibration=calibration)
     from byoc import passes as _passes
     from byoc.quantize import pipeline as _quant
     from byoc.runtime.specialize import Specializer, has_symbolic_inputs

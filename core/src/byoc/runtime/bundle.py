@@ -631,6 +631,9 @@ def load(
     from byoc.runtime.plan import build_plan
     from byoc.runtime.subgraph import host_callable
 
+    from byoc.arguments import check_load_args
+
+    check_load_args(path, budget=budget)
     if fallback not in (None, "error", "host"):
         raise OptionError(f"fallback must be None/'error' (refuse) or 'host', got {fallback!r}")
     budget = budget or DEFAULT_BUDGET
