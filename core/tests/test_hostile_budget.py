@@ -348,3 +348,13 @@ def test_zero_stride_feed_within_the_budget_runs():
 
 def test_refusals_are_byoc_errors():
     assert issubclass(ResourceLimitError, ByocError)
+
+
+def test_the_allocator_takes_any_number_of_arrays_and_negative_axes():
+    xs = [np.full((2, 3), k, np.float32) for k in range(100)]
+    np.testing.assert_array_equal(_alloc(1 << 20).concatenate(xs, -1), np.concatenate(xs, -1))
+    np.testing.assert_array_equal(_alloc(1 << 20).stack(xs, -1), np.stack(xs, -1))
+    data = np.arange(12).reshape(3, 4)
+    np.testing.assert_array_equal(_alloc(1 << 20).take(data, np.array([[0, 3]]), -1), np.take(data, [[0, 3]], -1))
+    with pytest.raises(ResourceLimitError):
+        _alloc(64).take(data, np.zeros(100, np.int64), -1)

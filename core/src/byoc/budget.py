@@ -128,24 +128,26 @@ class Alloc:
 
     def concatenate(self, xs, axis: int = 0) -> np.ndarray:
         xs = [np.asarray(x) for x in xs]
-        if xs and xs[0].ndim:
+        if xs and xs[0].ndim and -xs[0].ndim <= axis < xs[0].ndim:
             shape = list(xs[0].shape)
             shape[axis] = sum(x.shape[axis] if x.ndim == xs[0].ndim else 0 for x in xs)
-            self.check(shape, np.result_type(*xs))
+            self.check(shape, _widest(xs))
         return np.concatenate(xs, axis=axis)
 
     def stack(self, xs, axis: int = 0) -> np.ndarray:
         xs = [np.asarray(x) for x in xs]
         if xs:
-            self.check((len(xs),) + xs[0].shape, np.result_type(*xs))
+            self.check((len(xs),) + xs[0].shape, _widest(xs))
         return np.stack(xs, axis=axis)
 
     def take(self, data: np.ndarray, indices, axis: int = 0) -> np.ndarray:
+        axis = axis % data.ndim if data.ndim and -data.ndim <= axis < data.ndim else axis
         shape = data.shape[:axis] + np.shape(indices) + data.shape[axis + 1:]
         self.check(shape, data.dtype)
         return np.take(data, indices, axis=axis)
 
     def take_along_axis(self, data: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray:
+        axis = axis % data.ndim if data.ndim and -data.ndim <= axis < data.ndim else axis
         self.check(np.broadcast_shapes(data.shape[:axis] + (1,) + data.shape[axis + 1:], indices.shape), data.dtype)
         return np.take_along_axis(data, indices, axis=axis)
 
@@ -180,8 +182,14 @@ class Alloc:
         """
         shape = einsum_shape(equation, [np.shape(o) for o in operands])
         if shape is not None:
-            self.check(shape, np.result_type(*operands) if operands else np.float64)
+            self.check(shape, _widest(operands))
         return np.asarray(np.einsum(equation, *operands, optimize=len(operands) > 2))
+
+
+def _widest(arrays) -> np.dtype:
+    """The widest dtype among ``arrays`` (what numpy's result holds per element, or less)."""
+    dtypes = [np.asarray(a).dtype for a in arrays]
+    return max(dtypes, key=lambda d: d.itemsize) if dtypes else np.dtype(np.float64)
 
 
 def einsum_shape(equation: str, shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
