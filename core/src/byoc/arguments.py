@@ -46,7 +46,8 @@ def check_compile_args(*, targets: Any = None, passes: Any = None, budget: Any =
                        target_options: Any = None, strict: Any = False, hook_timeout: Any = None,
                        calibration: Any = None) -> None:
     """Raise :class:`OptionError` for a wrongly typed argument of :func:`byoc.compile`."""
-    _names("targets", targets)
+    if not isinstance(targets, str):  # one target name is accepted as it is
+        _names("targets", targets)
     if isinstance(targets, (list, tuple, set, frozenset)):
         bad = [t for t in targets if not isinstance(t, str)]
         if bad:
