@@ -2,6 +2,11 @@
 
 One :class:`Budget` travels from the frontend through constant folding into the kernels,
 so a tiny model cannot make byoc allocate gigabytes at compile or at run time.
+
+Kernels allocate through one helper, :class:`Alloc` (``spec.alloc`` in a kernel factory; the
+budget is the run's, or the compile's during constant folding): it works out the size of what
+numpy is about to allocate, checks it, and only then allocates. ``Budget.check_alloc`` (a shape
+and dtype) and ``Budget.check_bytes`` (a byte count) check without allocating.
 """
 
 from __future__ import annotations
