@@ -16,6 +16,7 @@ import onnx
 import onnx_ir as ir
 
 from byoc import passes as _passes
+from byoc.arguments import check_compile_args
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.codegen import (
     HOOK_TIMEOUT,
@@ -95,6 +96,8 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         ``targets``, and is skipped when ``targets=None`` (``options["skipped_targets"]`` says why).
     :returns: a :class:`CompiledModel`.
     """
+    check_compile_args(targets=targets, passes=passes, budget=budget, target_options=target_options,
+                       strict=strict, hook_timeout=hook_timeout, calibration=calibration)
     budget = budget or DEFAULT_BUDGET
     registry = registry if registry is not None else (get_registry() if targets != [] else None)
     selected = resolve_targets(registry, targets) if registry is not None else []

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import onnx_ir as ir
 
+from byoc.arguments import check_load_args
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.bundle.format import (
     COMPILED,
@@ -138,6 +139,7 @@ def load(
         a missing or incompatible plugin (naming it and the version the bundle needs).
     :raises OptionError: a bundle or user option the installed target does not accept.
     """
+    check_load_args(path, budget=budget)
     if fallback not in (None, "error", "host"):
         raise OptionError(f"fallback must be None/'error' (refuse) or 'host', got {fallback!r}")
     reader = Reader(Path(os.fspath(path)), budget or DEFAULT_BUDGET)

@@ -502,7 +502,7 @@ def _make_softmax(spec: NodeSpec, log: bool):
         if xc.dtype.kind != "f":
             raise spec.error(f"element type {x.dtype} is not supported")
         outer, n, inner = _axis_layout(spec, x.shape, axis, flatten)
-        out = np.empty(xc.shape, xc.dtype)
+        out = spec.alloc.empty(xc.shape, xc.dtype)
         if out.size:
             args = (xc.reshape(-1), out.reshape(-1), n, inner, log)
             run_ranges(k_softmax, outer, args, unit_cost=n * inner * _HEAVY)
@@ -532,7 +532,7 @@ def make_hardmax(spec: NodeSpec):
         if xc.dtype.kind != "f":
             raise spec.error(f"element type {x.dtype} is not supported")
         outer, n, inner = _axis_layout(spec, x.shape, axis, flatten)
-        out = np.empty(xc.shape, xc.dtype)
+        out = spec.alloc.empty(xc.shape, xc.dtype)
         if out.size:
             run_ranges(k_hardmax, outer, (xc.reshape(-1), out.reshape(-1), n, inner), unit_cost=n * inner)
         return (out if out.dtype == x.dtype else out.astype(x.dtype),)

@@ -545,6 +545,21 @@ def _float_input(spec: NodeSpec, x: np.ndarray, what: str) -> None:
         raise spec.error(f"{what} must be a float tensor, got {x.dtype}")
 
 
+def _check_group(spec: NodeSpec, w: np.ndarray | None, group: int, axis: int) -> None:
+    """A constant weight tensor must split into ``group`` groups along ``axis`` (before packing)."""
+    if w is None:
+        return
+    if w.ndim < 3:
+        raise spec.error(f"W must have rank >= 3, got shape {list(w.shape)}")
+    if w.shape[axis] % group:
+        raise spec.error(f"group={group} does not divide the {w.shape[axis]} channels on axis {axis} "
+                         f"of W {list(w.shape)}")
+    x_shape = spec.input_shapes[0] if spec.input_shapes else None
+    if spec.op_type == "Conv" and x_shape is not None and len(x_shape) > 1 and isinstance(x_shape[1], int) \
+            and x_shape[1] != w.shape[1] * group:
+        raise spec.error(f"channels do not match: X has {x_shape[1]}, W is {list(w.shape)} with group={group}")
+
+
 class _ConvWeights:
     """A weight tensor laid out for each strategy on first use (once, for constant weights)."""
 
@@ -613,6 +628,7 @@ def make_conv(spec: NodeSpec):
     kshape_attr = spec.attr("kernel_shape")
     w_const = spec.const_inputs.get(1)
     x_dtype = spec.input_dtypes[0] if spec.input_dtypes else None
+    _check_group(spec, w_const, group, 0)
     packed = PackCache(w_const, lambda w, dt: _ConvWeights(w, group, dt))
     if w_const is not None and w_const.ndim >= 3 and x_dtype is not None:
         packed.get(w_const, compute_dtype(x_dtype))  # lay the constant weights out now, not on the first run
@@ -702,14 +718,14 @@ def make_conv(spec: NodeSpec):
         nb = x.shape[0]
         m = w.shape[0]
         od, oh, ow = pad3(g["out_sp"], 1)
-        out = np.empty((nb, m, od, oh, ow), dtype=dt)
+        out = spec.alloc.empty((nb, m, od, oh, ow), dt)
         has_bias = b is not None
         if has_bias:
             if b.shape != (m,):
                 raise spec.error(f"B must have shape [{m}], got {list(b.shape)}")
             bias = b if (b is b_const and b.dtype == dt) else np.ascontiguousarray(b, dtype=dt)
         else:
-            bias = np.zeros(m, dtype=dt)
+            bias = spec.alloc.zeros(m, dt)
         how = g["how"]
         if how == "direct":
             kd, kh, kw = g["k"]
@@ -1086,6 +1102,7 @@ def make_conv_transpose(spec: NodeSpec):
         # (G, Mg*K, Cg): cols = Wt @ X
         return np.ascontiguousarray(np.asarray(w, dtype=dt).reshape(group, cg, -1).transpose(0, 2, 1))
 
+    _check_group(spec, w_const, group, 0)
     packed = PackCache(w_const, pack)
     geometry: dict = {}
 
@@ -1150,7 +1167,7 @@ def make_conv_transpose(spec: NodeSpec):
         cg, mg = g["cg"], g["mg"]
         m = mg * group
         od, oh, ow = pad3(g["out_sp"], 1)
-        out = np.empty((nb, m, od, oh, ow), dtype=dt)
+        out = spec.alloc.empty((nb, m, od, oh, ow), dt)
         has_bias = b is not None
         if has_bias:
             if b.shape != (m,):

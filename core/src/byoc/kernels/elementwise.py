@@ -1424,7 +1424,7 @@ def make_where(spec: NodeSpec):
         if x.dtype.kind not in "iufb" or x.dtype.itemsize > 8:
             # strings and exotic types: a pure selection, no arithmetic
             return (np.where(cond, x, y),)
-        out = np.empty(plan.out_shape, dtype=x.dtype)
+        out = spec.alloc.empty(plan.out_shape, x.dtype)
         if plan.size:
             # bit-pattern selection: reinterpret as same-size unsigned ints (covers float16/bfloat16)
             view = np.dtype(f"u{x.dtype.itemsize}") if x.dtype.kind != "b" else np.dtype(np.bool_)
@@ -1544,7 +1544,7 @@ def make_isinf(spec: NodeSpec):
     def run(x):
         x = np.asarray(x)
         if x.dtype.kind in "iu":
-            return (np.zeros(x.shape, np.bool_),)
+            return (spec.alloc.zeros(x.shape, np.bool_),)
         return inner(x)
 
     return run
@@ -1614,6 +1614,7 @@ def make_cast(spec: NodeSpec):
 
     def run(x):
         x = np.asarray(x)
+        spec.check_alloc(x.shape, to if to.itemsize >= x.dtype.itemsize else x.dtype)  # bool -> float64: 8x
         if to.name == "float8_e8m0fnu" and x.dtype != to and x.dtype.kind == "f":
             # powers of two with a rounding mode (opset 24): onnx's own converter
             from onnx.numpy_helper import to_float8e8m0
@@ -1630,6 +1631,7 @@ def make_castlike(spec: NodeSpec):
 
     def run(x, like):
         x = np.asarray(x)
+        spec.check_alloc(x.shape, np.asarray(like).dtype)
         return (_cast(spec, x, np.asarray(like).dtype, saturate),)
 
     return run
@@ -1658,7 +1660,7 @@ def make_dropout(spec: NodeSpec):
 
     def mask_of(x, keep=None):
         if keep is None:
-            keep = np.ones(x.shape, dtype=np.bool_)
+            keep = spec.alloc.ones(x.shape, np.bool_)
         return keep.astype(x.dtype) if legacy_mask else keep
 
     def run(x, ratio=None, training_mode=None):
@@ -1670,9 +1672,10 @@ def make_dropout(spec: NodeSpec):
         if not 0.0 <= r < 1.0:
             raise spec.error(f"ratio must be in [0, 1), got {r}")
         rng = np.random.default_rng(None if seed is None else int(seed))
+        spec.check_alloc(x.shape, np.float64)  # the random draws
         keep = rng.random(x.shape) >= r
         xc = as_compute(x)
-        out = np.empty(xc.shape, dtype=xc.dtype)
+        out = spec.alloc.empty(xc.shape, xc.dtype)
         if x.size:
             run_ranges(k_dropout, x.size, (xc.reshape(-1), keep.reshape(-1), out.reshape(-1), xc.dtype.type(1.0 / (1.0 - r))))
         out = out if out.dtype == x.dtype else out.astype(x.dtype)

@@ -283,8 +283,9 @@ def make_gemm(spec: NodeSpec):
         dt = aa.dtype
         use_c = c is not None and beta != 0.0
         c2 = _as_2d_bias(c, m, n, spec) if use_c else None
+        spec.check_alloc((m, n), dt if dt.kind == "f" else np.int64)  # (M, 1) x (1, N) can be huge
         if dt.kind == "f":
-            y = np.empty((m, n), dtype=dt)
+            y = spec.alloc.empty((m, n), dt)
             if use_c:
                 y[...] = c2  # broadcast copy; BLAS adds the product onto it (beta)
             _product_into(aa, bb, y, alpha, beta if use_c else 0.0)
@@ -313,8 +314,7 @@ def _batched(aa: np.ndarray, bb: np.ndarray, spec: NodeSpec) -> np.ndarray:
     except ValueError:
         raise spec.error(f"batch dimensions of {list(aa.shape)} and {list(bb.shape)} do not broadcast") from None
     m, n = aa.shape[-2], bb.shape[-1]
-    spec.check_alloc(batch + (m, n), aa.dtype)
-    out = np.empty(batch + (m, n), dtype=aa.dtype)
+    out = spec.alloc.empty(batch + (m, n), aa.dtype)
     a_b = np.broadcast_to(aa, batch + aa.shape[-2:])
     b_b = np.broadcast_to(bb, batch + bb.shape[-2:])
     nb = int(np.prod(batch, dtype=np.int64))
@@ -357,10 +357,17 @@ def make_matmul(spec: NodeSpec):
                     np.broadcast_shapes(aa.shape[:-2], bb.shape[:-2] if bb.ndim > 1 else ())
                 except ValueError:
                     raise spec.error(f"batch dimensions of {list(a.shape)} and {list(b.shape)} do not broadcast") from None
+            a_sh = (1,) + aa.shape if aa.ndim == 1 else aa.shape
+            b_sh = bb.shape + (1,) if bb.ndim == 1 else bb.shape
+            try:
+                spec.check_alloc(np.broadcast_shapes(a_sh[:-2], b_sh[:-2]) + (a_sh[-2], b_sh[-1]),
+                                 np.result_type(aa.dtype, bb.dtype))
+            except ValueError:
+                pass  # numpy names the mismatch below
             y = np.matmul(aa, bb)
         elif bb.ndim == 2:
             # (..., M, K) @ (K, N): one GEMM over all leading rows instead of one per batch
-            y = np.empty(aa.shape[:-1] + (bb.shape[1],), dtype=aa.dtype)
+            y = spec.alloc.empty(aa.shape[:-1] + (bb.shape[1],), aa.dtype)
             _product_into(aa.reshape(-1, ka), bb, y.reshape(-1, bb.shape[1]), 1.0, 0.0)
         else:
             y = _batched(aa, bb, spec)

@@ -60,7 +60,7 @@ def make_scatter_elements(spec: NodeSpec):
         out = data.copy()
         ax = axis + data.ndim if axis < 0 else axis
         idx = _normalise_indices(spec, indices, data.shape[ax])
-        grid = list(np.indices(indices.shape, sparse=True))
+        grid = list(np.ogrid[tuple(slice(0, d) for d in indices.shape)]) if indices.ndim else []
         grid[ax] = idx
         key = tuple(grid)
         if op is None:
@@ -110,8 +110,8 @@ def make_cumsum(spec: NodeSpec):
 def make_nonzero(spec: NodeSpec):
     def run(x):
         if x.ndim == 0:
-            return (np.zeros((0, int(bool(x))), dtype=np.int64),)
-        return (np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1),)
+            return (spec.alloc.zeros((0, int(bool(x))), np.int64),)
+        return (spec.alloc.nonzero(x),)
 
     return run
 
@@ -133,10 +133,10 @@ def make_topk(spec: NodeSpec):
         else:
             key = x
         order = np.argsort(key, axis=ax, kind="stable")
-        idx = np.take(order, np.arange(kk), axis=ax)
+        idx = spec.alloc.take(order, spec.alloc.arange(kk), axis=ax)
         if not sorted_:
             idx = np.sort(idx, axis=ax)
-        values = np.take_along_axis(x, idx, axis=ax)
+        values = spec.alloc.take_along_axis(x, idx, axis=ax)
         return values, idx.astype(np.int64)
 
     return run
@@ -148,6 +148,7 @@ def make_trilu(spec: NodeSpec):
 
     def run(x, k=None):
         kk = 0 if k is None else int(np.asarray(k).reshape(()))
+        spec.check_alloc(x.shape, x.dtype)  # the same size as x (np.triu/np.tril copy)
         return ((np.triu(x, kk) if upper else np.tril(x, kk)).astype(x.dtype, copy=False),)
 
     return run
@@ -162,7 +163,7 @@ def make_einsum(spec: NodeSpec):
 
     def run(*operands):
         try:
-            return (np.asarray(np.einsum(equation, *operands, optimize=len(operands) > 2)),)
+            return (spec.alloc.einsum(equation, *operands),)
         except ValueError as exc:
             raise spec.error(f"equation {equation!r}: {exc}") from None
 

@@ -67,6 +67,22 @@ def _bn_affine(scale, bias, mean, var, eps, dt):
     return (np.ascontiguousarray(s.reshape(c, -1), dtype=dt), np.ascontiguousarray(b.reshape(c, -1), dtype=dt))
 
 
+def _check_bn_params(spec: NodeSpec, params) -> None:
+    """scale, B, mean and var (``None`` where unknown) must be tensors of rank >= 1 and one shape."""
+    shapes = {}
+    for name, p in zip(("scale", "B", "mean", "var"), params):
+        if p is None:
+            continue
+        p = np.asarray(p)
+        if p.ndim == 0:
+            raise spec.error(f"{name} must be a tensor of one value per channel, got a scalar")
+        if p.dtype.kind not in "fiub" and "float" not in p.dtype.name:
+            raise spec.error(f"{name} must be numeric, got {p.dtype}")
+        shapes[name] = list(p.shape)
+    if len({tuple(v) for v in shapes.values()}) > 1:
+        raise spec.error(f"scale, B, mean and var must have one shape, got {shapes}")
+
+
 @kernel("BatchNormalization")
 def make_batch_normalization(spec: NodeSpec):
     eps = float(spec.attr("epsilon", 1e-5))
@@ -81,6 +97,7 @@ def make_batch_normalization(spec: NodeSpec):
             "export the model in inference mode (training_mode=0, one output)"
         )
     consts = [spec.const_inputs.get(i) for i in range(1, 5)]
+    _check_bn_params(spec, consts)
     x_dtype = spec.input_dtypes[0] if spec.input_dtypes else None
     pre = None
     if all(c is not None for c in consts) and x_dtype is not None and compute_dtype(x_dtype).kind == "f":
@@ -94,6 +111,7 @@ def make_batch_normalization(spec: NodeSpec):
         if pre is not None and pre[0] == dt and pre[1].shape[0] == c:
             a, b = pre[1], pre[2]
         else:
+            _check_bn_params(spec, [scale, bias, mean, var])
             for name, p in (("scale", scale), ("B", bias), ("mean", mean), ("var", var)):
                 if p.shape[0] != c or (p.ndim > 1 and p.size != x[0].size):
                     raise spec.error(f"{name} has shape {list(p.shape)}, expected [{c}] for X of shape {list(x.shape)}")
@@ -101,7 +119,7 @@ def make_batch_normalization(spec: NodeSpec):
         xr = np.ascontiguousarray(x, dtype=dt).reshape(x.shape[0], c, -1)
         if a.shape[1] not in (1, xr.shape[2]):
             raise spec.error(f"per-element parameters of shape {list(scale.shape)} do not match X {list(x.shape)}")
-        out = np.empty_like(xr)
+        out = spec.alloc.empty_like(xr)
         _over_pool(lambda lo, hi: _channel_affine(xr, a, b, out, lo, hi), c, xr.size)
         y = out.reshape(x.shape)
         if y.dtype != x.dtype:
@@ -167,10 +185,10 @@ def make_layer_normalization(spec: NodeSpec):
         s = flat(scale, "Scale")
         b = flat(bias, "B") if bias is not None else s
         xr = np.ascontiguousarray(x, dtype=dt).reshape(rows, cols)
-        out = np.empty_like(xr)
+        out = spec.alloc.empty_like(xr)
         # statistics are float32 (stash_type=1); float64 inputs keep float64 statistics internally
-        mean = np.empty(rows, dtype=np.float64)
-        inv = np.empty(rows, dtype=np.float64)
+        mean = spec.alloc.empty(rows, np.float64)
+        inv = spec.alloc.empty(rows, np.float64)
         _over_pool(lambda lo, hi: _layer_norm(xr, s, b, bias is not None, eps, out, mean, inv, lo, hi), rows,
                    xr.size)
         y = out.reshape(x.shape)
@@ -224,7 +242,7 @@ def make_instance_normalization(spec: NodeSpec):
         if scale.shape != (c,) or bias.shape != (c,):
             raise spec.error(f"scale and B must have shape [{c}], got {list(scale.shape)} and {list(bias.shape)}")
         xr = np.ascontiguousarray(x, dtype=dt).reshape(x.shape[0], c, -1)
-        out = np.empty_like(xr)
+        out = spec.alloc.empty_like(xr)
         sc, bi = np.asarray(scale, np.float64), np.asarray(bias, np.float64)
         _over_pool(lambda lo, hi: _instance_norm(xr, sc, bi, eps, out, lo, hi), c, xr.size)
         y = out.reshape(x.shape)
@@ -286,7 +304,7 @@ def make_lrn(spec: NodeSpec):
         if x.ndim < 3:
             raise spec.error(f"X must have rank >= 3, got shape {list(x.shape)}")
         xr = np.ascontiguousarray(x, dtype=dt).reshape(x.shape[0], x.shape[1], -1)
-        out = np.empty_like(xr)
+        out = spec.alloc.empty_like(xr)
         _lrn(xr, size, alpha, beta, bias, out)
         y = out.reshape(x.shape)
         if y.dtype != x.dtype:

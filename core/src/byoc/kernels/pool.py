@@ -241,10 +241,11 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
             # window positions counted by the divisor, per axis (windows are products of axes)
             counts = []
             for i in range(nd):
-                o = np.arange(out_sp[i])[:, None] * strides[i] - pb[i] + np.arange(kshape[i])[None, :] * dil[i]
+                o = (spec.alloc.arange(out_sp[i])[:, None] * strides[i] - pb[i]
+                     + spec.alloc.arange(kshape[i])[None, :] * dil[i])
                 lo, hi = (-pb[i], in_sp[i] + pe[i]) if count_include_pad else (0, in_sp[i])
                 counts.append(((o >= lo) & (o < hi)).sum(axis=1).astype(np.float64))
-            counts = [np.ones(1)] * (3 - nd) + counts
+            counts = [spec.alloc.ones(1)] * (3 - nd) + counts
             g["counts"] = counts
         return g
 
@@ -263,12 +264,12 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
             dt = np.dtype(np.float32)
         x5 = np.ascontiguousarray(canon5(x), dtype=dt)
         od, oh, ow = pad3(g["out_sp"], 1)
-        out = np.empty(x.shape[:2] + (od, oh, ow), dtype=dt)
+        out = spec.alloc.empty(x.shape[:2] + (od, oh, ow), dt)
         pd, ph, pw = g["pb"]
         if g["global"] and not want_indices and x5.dtype.kind == "f":
             _global_pool(x5.reshape(-1, x5[0, 0].size), is_max, out.reshape(-1))
         elif want_indices:
-            idx = np.empty(out.shape, dtype=np.int64)
+            idx = spec.alloc.empty(out.shape, np.int64)
             _maxpool_indices(x5, *k3, *s3, *d3, pd, ph, pw, storage_order == 1, _lowest(dt), out, idx)
         else:
             init = _lowest(dt) if is_max else dt.type(0)
@@ -319,7 +320,7 @@ def _global_factory(spec: NodeSpec, is_max: bool):
         xr = np.ascontiguousarray(x, dtype=dt).reshape(r, -1)
         if xr.shape[1] == 0:
             raise spec.error("empty spatial dimensions")
-        out = np.empty(r, dtype=dt)
+        out = spec.alloc.empty(r, dt)
         _global_pool(xr, is_max, out)
         y = out.reshape(x.shape[:2] + (1,) * (x.ndim - 2))
         if y.dtype != x.dtype:

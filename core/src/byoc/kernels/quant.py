@@ -55,7 +55,9 @@ def broadcast_param(value: np.ndarray, shape: tuple[int, ...], axis: int, block_
     if value.shape != want:
         raise spec.error(f"blocked {what} has shape {list(value.shape)}, expected {list(want)} "
                          f"(block_size {block_size} on axis {axis})")
-    return np.repeat(value, block_size, axis=axis).take(np.arange(shape[axis]), axis=axis)
+    # blocks * block_size is at most the input's axis plus one block; the result has its size
+    spec.check_alloc(want[:axis] + (blocks * block_size,) + want[axis + 1:], value.dtype)
+    return np.repeat(value, block_size, axis=axis)[(slice(None),) * axis + (slice(0, shape[axis]),)]
 
 
 @kernel("QuantizeLinear")
@@ -101,6 +103,7 @@ def make_dequantize_linear(spec: NodeSpec):
                              f"int8, uint8, int16, uint16, int32)")
         if zero_point is not None and zero_point.dtype != x.dtype:
             raise spec.error(f"zero point of type {zero_point.dtype} does not match the input's type {x.dtype}")
+        spec.check_alloc(x.shape, np.float64 if want == np.float64 or scale.dtype == np.float64 else np.float32)
         d = x.astype(np.float32)
         if zero_point is not None:
             d = d - broadcast_param(zero_point, x.shape, axis, block_size, spec, "zero point").astype(np.float32)

@@ -484,7 +484,7 @@ def _make_reduce(spec: NodeSpec, op: _Op):
         if is_bool:
             init = np.uint8(op.init == "high")  # the bool range is [0, 1]
         fn = op.int_fn if (op.int_fn is not None and xc.dtype.kind in "iu") else op.fn
-        out = np.empty(layout.out_shape, dtype=xc.dtype)
+        out = spec.alloc.empty(layout.out_shape, xc.dtype)
         if out.size:
             args = (xc.reshape(-1), out.reshape(-1), layout.r, layout.inner, init, float(layout.r))
             run_ranges(fn, layout.outer, args, unit_cost=layout.r * layout.inner)
@@ -527,7 +527,7 @@ def _make_arg(spec: NodeSpec, fn: Callable):
         if nd and shape[a] == 0:
             raise spec.error(f"cannot take {spec.op_type} over the empty axis {axis}")
         out_shape = shape[:a] + ((1,) if keepdims else ()) + shape[a + 1 :] if nd else ()
-        out = np.empty(out_shape, dtype=np.int64)
+        out = spec.alloc.empty(out_shape, np.int64)
         if out.size:
             r = shape[a] if nd else 1
             inner = math.prod(shape[a + 1 :]) if nd else 1

@@ -7,9 +7,14 @@ is the hot path: it takes the node's inputs as numpy arrays (``None`` for a miss
 input) and returns a tuple with one array per node output. It must be pure and thread-safe
 (no mutation of its closure, never write into its inputs).
 
-Kernels that allocate an output whose size depends on input *values* (ConstantOfShape,
-Expand, Tile, Range, Pad, Resize, ...) call ``spec.check_alloc(shape, dtype)`` before
-allocating, so the resource budget holds at run time too.
+Kernels allocate through ``spec.alloc`` (a :class:`byoc.budget.Alloc`: ``spec.alloc.empty(shape,
+dtype)``, ``spec.alloc.concatenate(xs, axis)``, ``spec.alloc.take(...)``, ...), which checks the
+size against the budget before numpy allocates, so the resource budget holds at run time and in
+constant folding alike. ``spec.check_alloc(shape, dtype)`` checks without allocating. A test
+scans the kernel modules for direct numpy allocator calls.
+
+A factory that raises anything but a :class:`~byoc.errors.ByocError` is reported as a
+:class:`KernelError` naming the node, like a failing run function.
 
 Example::
 
@@ -22,13 +27,14 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from byoc.budget import DEFAULT_BUDGET, Budget
-from byoc.errors import KernelError
+from byoc.budget import DEFAULT_BUDGET, Alloc, Budget
+from byoc.errors import ByocError, KernelError, ResourceLimitError
 
 RunFn = Callable[..., Sequence[np.ndarray]]
 Factory = Callable[["NodeSpec"], RunFn]
@@ -74,6 +80,11 @@ class NodeSpec:
     def check_alloc(self, shape, dtype) -> None:
         """Raise ``ResourceLimitError`` naming this node if the tensor exceeds the budget."""
         self.budget.check_alloc(shape, dtype, self.label)
+
+    @functools.cached_property
+    def alloc(self) -> Alloc:
+        """Budgeted numpy allocations for this node (checked first, errors name the node)."""
+        return self.budget.guard(self.label)
 
     def error(self, message: str) -> KernelError:
         """A :class:`KernelError` naming this node; ``raise spec.error("...")``."""
@@ -136,4 +147,11 @@ def make_kernel(spec: NodeSpec) -> RunFn:
             raise KernelError(f"{spec.label}: {spec.op_type} is run by the execution plan, not a kernel "
                               "(use byoc.runtime.plan.host_step)")
         raise KernelError(f"{spec.label}: no kernel for operator {spec.domain or 'ai.onnx'}::{spec.op_type}")
-    return factory(spec)
+    try:
+        return factory(spec)
+    except ByocError:
+        raise
+    except MemoryError as exc:
+        raise ResourceLimitError(f"{spec.label}: out of memory while building the kernel: {exc}") from exc
+    except Exception as exc:  # a foreign exception from attribute parsing or weight packing
+        raise KernelError(f"{spec.label}: cannot build the kernel: {type(exc).__name__}: {exc}") from exc

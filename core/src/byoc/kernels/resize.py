@@ -27,6 +27,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from byoc.budget import DEFAULT_BUDGET, Alloc
 from byoc.errors import ByocError
 from byoc.kernels.registry import NodeSpec, kernel
 from byoc.kernels.tensor import gather_nd
@@ -148,6 +149,20 @@ def _cubic(d: np.ndarray, a: float) -> np.ndarray:
     return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
 
 
+#: float64/int64 arrays of a tap table's size alive at once while it is built
+_TABLE_TEMPS = 6
+
+
+def _n_taps(mode: str, scale: float, antialias: bool) -> int:
+    """Taps per output position (the width of :class:`AxisTaps` tables)."""
+    if mode == "nearest":
+        return 1
+    if not antialias:
+        return 2 if mode == "linear" else 4
+    first = int(np.floor(-(1 if mode == "linear" else 2) / min(scale, 1.0)) + 1)
+    return 2 - 2 * first
+
+
 @dataclass(frozen=True)
 class AxisTaps:
     axis: int
@@ -169,8 +184,14 @@ def axis_taps(
     cubic_a: float = -0.75,
     exclude_outside: bool = False,
     antialias: bool = False,
+    alloc: Alloc | None = None,
 ) -> AxisTaps:
-    """The tap table for one resized axis."""
+    """The tap table for one resized axis.
+
+    ``alloc`` (the node's budgeted allocator) checks the table and its temporaries first.
+    """
+    (alloc or DEFAULT_BUDGET.guard("Resize")).check_bytes(
+        _TABLE_TEMPS * 8 * out_len * (_n_taps(mode, scale, antialias) + 1), f"Resize's tap table for an axis of {out_len}")
     x = _source_coords(ctm, out_len, in_len, scale, roi)
     # rounding noise (e.g. half_pixel_symmetric's offset term) must not move a coordinate that is
     # mathematically on the half-pixel grid off it, where nearest rounding would flip
@@ -311,6 +332,8 @@ class _Resizer:
             raise spec.error("coordinate_transformation_mode 'tf_crop_and_resize' needs 'roi'")
         spec.check_alloc(out_shape, np.float32)
         taps = []
+        if 0 in out_shape:
+            return ResizePlan(tuple(in_shape), tuple(out_shape), ())  # empty output: no tables
         for a in axes:
             n_in, n_out = in_shape[a], out_shape[a]
             if n_out == n_in and math.isclose(full_scale[a], 1.0) and \
@@ -321,7 +344,7 @@ class _Resizer:
             taps.append(axis_taps(
                 a, n_in, n_out, full_scale[a], rois[a], mode=self.mode, ctm=self.ctm,
                 nearest_mode=self.nearest_mode, cubic_a=self.cubic_a, exclude_outside=self.exclude_outside,
-                antialias=self.antialias,
+                antialias=self.antialias, alloc=spec.alloc,
             ))
         return ResizePlan(tuple(in_shape), tuple(out_shape), tuple(taps))
 
@@ -329,7 +352,7 @@ class _Resizer:
         spec = self.spec
         spec.check_alloc(plan.out_shape, x.dtype)
         if math.prod(plan.out_shape) == 0:
-            return np.empty(plan.out_shape, dtype=x.dtype)
+            return spec.alloc.empty(plan.out_shape, x.dtype)
         if not plan.taps:
             return x
         if self.mode == "nearest":
@@ -344,13 +367,13 @@ class _Resizer:
         return np.array(ev).astype(dtype)
 
     def _nearest(self, plan: ResizePlan, x: np.ndarray) -> np.ndarray:
-        maps = [np.arange(n, dtype=np.int64) for n in plan.in_shape]
+        maps = [self.spec.alloc.arange(n, np.int64) for n in plan.in_shape]
         for t in plan.taps:
             m = t.idx[:, 0]
             if t.extrapolate is not None:
                 m = np.where(t.extrapolate, -1, m)
             maps[t.axis] = m
-        return gather_nd(x, maps, self._fill(x.dtype))
+        return gather_nd(x, maps, self._fill(x.dtype), self.spec.alloc)
 
     def _interpolate(self, plan: ResizePlan, x: np.ndarray) -> np.ndarray:
         spec = self.spec
@@ -361,6 +384,7 @@ class _Resizer:
             compute = np.dtype(np.float64)
         else:
             raise spec.error(f"mode {self.mode!r} does not support dtype {dt}")
+        spec.check_alloc(x.shape, compute)  # integers are interpolated in float64
         cur = np.ascontiguousarray(x, dtype=compute)
         r = x.ndim
         by_axis = {t.axis: t for t in plan.taps}
@@ -373,15 +397,14 @@ class _Resizer:
             outer = math.prod(shape[: t.axis])
             inner = math.prod(shape[t.axis + 1:])
             shape[t.axis] = t.idx.shape[0]
-            spec.check_alloc(shape, compute)
-            out = np.empty((outer, shape[t.axis], inner), dtype=compute)
+            out = spec.alloc.empty((outer, shape[t.axis], inner), compute)
             _resample_axis(cur.reshape(outer, cur.shape[t.axis], inner), t.idx, t.w.astype(compute), out)
             cur = out.reshape(shape)
         if fused:
             th, tw = by_axis[r - 2], by_axis[r - 1]
             shape = list(cur.shape[:-2]) + [th.idx.shape[0], tw.idx.shape[0]]
             nb = math.prod(shape[:-2])
-            out = np.empty((nb, shape[-2], shape[-1]), dtype=compute)
+            out = spec.alloc.empty((nb, shape[-2], shape[-1]), compute)
             _resample_2d(cur.reshape(nb, cur.shape[-2], cur.shape[-1]), th.idx, th.w.astype(compute),
                          tw.idx, tw.w.astype(compute), out)
             cur = out.reshape(shape)

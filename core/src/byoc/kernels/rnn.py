@@ -124,15 +124,23 @@ class _Common:
     def prepare(self, x, w, r, b, seq_lens, init_states):
         if self.layout == 1:
             x = np.swapaxes(x, 0, 1)
+        spec = self.spec
+        if x.ndim != 3 or w.ndim != 3 or r.ndim != 3:
+            raise spec.error(f"X, W and R must be 3-D, got {list(x.shape)}, {list(w.shape)}, {list(r.shape)}")
         seq, batch, _ = x.shape
         hidden = self.hidden or r.shape[-1]
         g = self.n_gates
+        # hidden_size is an attribute: it must agree with the weights before it sizes anything
+        if tuple(r.shape) != (self.n_dirs, g * hidden, hidden) or tuple(w.shape[:2]) != (self.n_dirs, g * hidden):
+            raise spec.error(f"W {list(w.shape)} and R {list(r.shape)} do not match hidden_size={hidden} with "
+                             f"{g} gates and {self.n_dirs} direction(s)")
+        spec.check_alloc((seq, self.n_dirs, batch, hidden), x.dtype)  # Y
         if b is None:
-            b = np.zeros((self.n_dirs, 2 * g * hidden), dtype=x.dtype)
+            b = spec.alloc.zeros((self.n_dirs, 2 * g * hidden), x.dtype)
         states = []
         for s in init_states:
             if s is None:
-                s = np.zeros((self.n_dirs, batch, hidden), dtype=x.dtype)
+                s = spec.alloc.zeros((self.n_dirs, batch, hidden), x.dtype)
             elif self.layout == 1:
                 s = np.swapaxes(s, 0, 1)
             states.append(s)
@@ -149,7 +157,7 @@ class _Common:
         Batch entries past their sequence length keep their states and write zeros to Y.
         """
         h = states[0]
-        y = np.zeros((seq,) + h.shape, h.dtype)
+        y = self.spec.alloc.zeros((seq,) + h.shape, h.dtype)
         for t in self.step_order(d, seq):
             new = cell(t, *states)
             active = _active(lens, t)
@@ -158,8 +166,9 @@ class _Common:
         return y, states
 
     def finish(self, ys, finals, seq, batch, hidden, dtype):
-        y = np.stack(ys, axis=1) if ys else np.zeros((seq, self.n_dirs, batch, hidden), dtype)
-        outs = [y] + [np.stack(f, axis=0) for f in finals]
+        alloc = self.spec.alloc
+        y = alloc.stack(ys, axis=1) if ys else alloc.zeros((seq, self.n_dirs, batch, hidden), dtype)
+        outs = [y] + [alloc.stack(f, axis=0) for f in finals]
         if self.layout == 1:
             outs = [np.transpose(y, (2, 0, 1, 3))] + [np.swapaxes(o, 0, 1) for o in outs[1:]]
         return tuple(np.ascontiguousarray(o, dtype=dtype) for o in outs)
@@ -191,14 +200,14 @@ def make_lstm(spec: NodeSpec):
             bias = b[d, :4 * hidden] + b[d, 4 * hidden:]
             xp = _projection(x, w[d], bias)
             rt = np.ascontiguousarray(r[d].T)
-            peep = np.zeros((3, hidden), dtype) if p is None else p[d].reshape(3, hidden).astype(dtype)
+            peep = spec.alloc.zeros((3, hidden), dtype) if p is None else p[d].reshape(3, hidden).astype(dtype)
             f_act, g_act, h_act = acts[d]
 
             def cell(t, h, c, xp=xp, rt=rt, peep=peep, f_act=f_act, g_act=g_act, h_act=h_act):
                 gates = xp[t] + h @ rt
                 if default:
-                    h_new = np.empty_like(h)
-                    c_new = np.empty_like(c)
+                    h_new = spec.alloc.empty_like(h)
+                    c_new = spec.alloc.empty_like(c)
                     _lstm_cell(np.ascontiguousarray(gates), np.ascontiguousarray(c), peep, common.clip,
                                input_forget, h_new, c_new)
                     return h_new, c_new

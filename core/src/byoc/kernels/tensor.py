@@ -11,8 +11,9 @@ copies elements by per-axis index maps; it is shared with Resize's nearest mode.
 raw bits (every 1/2/4/8-byte dtype is viewed as an unsigned int of that size), so one compiled
 specialisation per item size serves every dtype.
 
-Every op whose output size depends on input *values* (ConstantOfShape, Expand, Tile, Range, Pad)
-calls ``spec.check_alloc`` before it allocates.
+Every allocation goes through ``spec.alloc`` (:class:`byoc.budget.Alloc`), which checks the size
+against the budget first: ConstantOfShape, Expand, Tile, Range, Pad, Concat and Gather can all be
+asked for far more than their inputs hold.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from byoc.budget import DEFAULT_BUDGET, Alloc
 from byoc.kernels.registry import NodeSpec, kernel
 
 # ---------------------------------------------------------------------------------------------
@@ -108,24 +110,29 @@ def _longest_run(m: np.ndarray) -> tuple[int, int]:
     return int(edges[best]), int(edges[best] + lengths[best])
 
 
-def gather_nd(x: np.ndarray, maps: list[np.ndarray], fill=0) -> np.ndarray:
+def gather_nd(x: np.ndarray, maps: list[np.ndarray], fill=0, alloc: Alloc | None = None) -> np.ndarray:
     """Copy ``x`` into a new array by per-axis source index maps.
 
     ``out[i0, i1, ...] = x[maps[0][i0], maps[1][i1], ...]``, or ``fill`` where any map entry is
     negative. ``maps`` has one int64 array per axis of ``x``; the output shape is their lengths.
+    ``alloc`` (the node's budgeted allocator) checks the output and the work arrays.
     """
+    alloc = alloc or DEFAULT_BUDGET.guard("gather_nd")
     out_shape = tuple(len(m) for m in maps)
     if x.ndim == 0:
         return x.copy()
     size = math.prod(out_shape)
     fill_arr = np.asarray(fill).astype(x.dtype)
+    alloc.check(out_shape, x.dtype)
+    # per-axis offsets (one int64 per map entry) and the padded table of the leading maps
+    alloc.check_bytes(8 * (sum(out_shape) + (x.ndim - 1) * max(out_shape[:-1] + (1,))), "index maps")
     if size == 0:
-        return np.empty(out_shape, dtype=x.dtype)
+        return alloc.empty(out_shape, x.dtype)
     utype = _UINT.get(x.dtype.itemsize) if x.dtype.kind in "biufc" else None
     if utype is None:  # strings, objects, complex128: numpy fancy indexing, then the fill
         clipped = [np.clip(m, 0, max(n - 1, 0)) for m, n in zip(maps, x.shape)]
         if x.size == 0:
-            return np.full(out_shape, fill_arr, dtype=x.dtype)
+            return alloc.full(out_shape, fill_arr, x.dtype)
         out = x[np.ix_(*clipped)].copy()
         for a, m in enumerate(maps):
             bad = m < 0
@@ -139,14 +146,14 @@ def gather_nd(x: np.ndarray, maps: list[np.ndarray], fill=0) -> np.ndarray:
     offs = [np.where(m >= 0, m * s, -1).astype(np.int64) for m, s in zip(maps, strides)]
     lead = offs[:-1]
     lead_shape = np.array(out_shape[:-1], dtype=np.int64)
-    lead_div = np.ones(len(lead_shape), dtype=np.int64)
+    lead_div = alloc.ones(len(lead_shape), np.int64)
     for a in range(len(lead_shape) - 2, -1, -1):
         lead_div[a] = lead_div[a + 1] * lead_shape[a + 1]
-    lead_maps = np.full((max(len(lead), 1), max([len(m) for m in lead] + [1])), 0, dtype=np.int64)
+    lead_maps = alloc.zeros((max(len(lead), 1), max([len(m) for m in lead] + [1])), np.int64)
     for a, m in enumerate(lead):
         lead_maps[a, : len(m)] = m
     rows = size // out_shape[-1]
-    out = np.empty((rows, out_shape[-1]), dtype=utype)
+    out = alloc.empty((rows, out_shape[-1]), utype)
     k0, k1 = _longest_run(offs[-1])
     _gather_rows(src, out, lead_shape, lead_div, lead_maps, offs[-1], k0, k1, fill_arr.reshape(1).view(utype)[0])
     return out.view(x.dtype).reshape(out_shape)
@@ -231,7 +238,7 @@ def make_concat(spec: NodeSpec):
         if len(xs) == 1:
             return (xs[0],)
         try:
-            return (np.concatenate(xs, axis=axis),)
+            return (spec.alloc.concatenate(xs, axis=axis),)
         except ValueError as exc:
             raise spec.error(f"cannot concatenate shapes {[list(x.shape) for x in xs]}: {exc}") from None
 
@@ -387,7 +394,7 @@ def make_gather(spec: NodeSpec):
             raise spec.error(f"indices must be integers, got {indices.dtype}")
         axis = _axis(spec, axis_attr, data.ndim)
         try:
-            return (np.take(data, indices, axis=axis),)
+            return (spec.alloc.take(data, indices, axis=axis),)
         except IndexError:
             raise spec.error(
                 f"indices out of range [-{data.shape[axis]}, {data.shape[axis] - 1}] for axis {axis}"
@@ -475,7 +482,7 @@ def make_constant(spec: NodeSpec):
 def make_constant_of_shape(spec: NodeSpec):
     v = spec.attr("value")
     if v is None:
-        value = np.zeros((), dtype=np.float32)
+        value = np.float32(0).reshape(())
     else:
         v = np.asarray(v)
         if v.size != 1:
@@ -486,8 +493,7 @@ def make_constant_of_shape(spec: NodeSpec):
         dims = _ints(spec, shape, "shape")
         if any(d < 0 for d in dims):
             raise spec.error(f"shape {dims} has a negative dimension")
-        spec.check_alloc(dims, value.dtype)
-        return (np.full(dims, value, dtype=value.dtype),)
+        return (spec.alloc.full(dims, value, value.dtype),)
 
     return run
 
@@ -504,8 +510,7 @@ def make_expand(spec: NodeSpec):
             raise spec.error(f"cannot broadcast {list(data.shape)} to {dims}") from None
         if out_shape == data.shape:
             return (data,)
-        spec.check_alloc(out_shape, data.dtype)
-        out = np.empty(out_shape, dtype=data.dtype)
+        out = spec.alloc.empty(out_shape, data.dtype)
         np.copyto(out, data)
         return (out,)
 
@@ -520,9 +525,7 @@ def make_tile(spec: NodeSpec):
             raise spec.error(f"repeats {reps} must have one entry per axis of the rank-{x.ndim} input")
         if any(r < 0 for r in reps):
             raise spec.error(f"repeats {reps} must not be negative")
-        out_shape = [d * r for d, r in zip(x.shape, reps)]
-        spec.check_alloc(out_shape, x.dtype)
-        return (np.tile(x, reps),)
+        return (spec.alloc.tile(x, reps),)
 
     return run
 
@@ -545,8 +548,8 @@ def make_range(spec: NodeSpec):
             if d == 0:
                 raise spec.error("delta must not be 0")
             n = max(0, -((s - lim) // d))  # ceil((lim - s) / d) in exact integer arithmetic
-            spec.check_alloc([n], dtype)
-            return ((np.arange(n, dtype=np.int64) * d + s).astype(dtype),)
+            spec.check_alloc([n], np.int64)  # computed in int64, then cast
+            return ((spec.alloc.arange(n, np.int64) * d + s).astype(dtype),)
         if dtype.kind != "f" and "float" not in dtype.name:  # ml_dtypes' bfloat16 has kind "V"
             raise spec.error(f"unsupported dtype {dtype}")
         compute = np.float32 if (dtype.itemsize < 4 and stash == 1) or dtype == np.float32 else np.float64
@@ -554,9 +557,8 @@ def make_range(spec: NodeSpec):
         if d == 0 or not (np.isfinite(s) and np.isfinite(lim) and np.isfinite(d)):
             raise spec.error(f"invalid range start={s} limit={lim} delta={d}")
         n = max(0, math.ceil((float(lim) - float(s)) / float(d)))
-        spec.check_alloc([n], dtype)
         # value i is start + i * delta (computed in double precision, then rounded once)
-        return ((float(s) + np.arange(n, dtype=np.float64) * float(d)).astype(dtype),)
+        return ((float(s) + spec.alloc.arange(n, np.float64) * float(d)).astype(dtype),)
 
     return run
 
@@ -565,22 +567,30 @@ def make_range(spec: NodeSpec):
 # Pad
 
 
+def pad_length(spec: NodeSpec, n: int, before: int, after: int) -> int:
+    """Length of one axis of ``n`` elements after padding; negative pads crop."""
+    m = n - max(0, -before) - max(0, -after)
+    if m < 0:
+        raise spec.error(f"pads ({before}, {after}) remove more than the {n} elements of an axis")
+    return m + max(before, 0) + max(after, 0)
+
+
 def pad_map(spec: NodeSpec, mode: str, n: int, before: int, after: int) -> np.ndarray:
     """Source index for every output position along one axis (-1: constant fill).
 
     Negative pads crop first; the padding modes then read from the cropped range.
     """
+    length = pad_length(spec, n, before, after)
     lo = max(0, -before)
-    hi = n - max(0, -after)
-    m = hi - lo
-    if m < 0:
-        raise spec.error(f"pads ({before}, {after}) remove more than the {n} elements of an axis")
-    b, a = max(before, 0), max(after, 0)
-    p = np.arange(m + b + a, dtype=np.int64) - b
+    m = n - lo - max(0, -after)
+    b = max(before, 0)
+    # the map and up to three temporaries of its length are alive at once
+    spec.alloc.check_bytes(4 * 8 * length, f"Pad's index map for an axis of {length}")
+    p = spec.alloc.arange(length, np.int64) - b
     if mode == "constant":
         return np.where((p >= 0) & (p < m), p + lo, -1)
     if m == 0:
-        if b or a:
+        if length:
             raise spec.error(f"mode {mode!r} cannot pad an empty axis")
         return p
     if mode == "edge":
@@ -589,7 +599,7 @@ def pad_map(spec: NodeSpec, mode: str, n: int, before: int, after: int) -> np.nd
         return np.mod(p, m) + lo
     # reflect (edge not repeated); pads longer than the axis keep reflecting back and forth
     if m == 1:
-        return np.zeros_like(p) + lo
+        return p * 0 + lo
     period = 2 * (m - 1)
     q = np.mod(p, period)
     return np.where(q >= m, period - q, q) + lo
@@ -630,12 +640,15 @@ def make_pad(spec: NodeSpec):
         after = [0] * rank
         for i, a in enumerate(ax):
             before[a], after[a] = p[i], p[len(ax) + i]
-        maps = [pad_map(spec, mode, data.shape[a], before[a], after[a]) for a in range(rank)]
-        out_shape = [len(m) for m in maps]
+        # the output size is known from the pads alone: check it before building any index map
+        out_shape = [pad_length(spec, data.shape[a], before[a], after[a]) for a in range(rank)]
         spec.check_alloc(out_shape, data.dtype)
         if rank == 0:
             return (data.copy(),)
-        return (gather_nd(data, maps, value),)
+        if 0 in out_shape:
+            return (spec.alloc.empty(out_shape, data.dtype),)
+        maps = [pad_map(spec, mode, data.shape[a], before[a], after[a]) for a in range(rank)]
+        return (gather_nd(data, maps, value, spec.alloc),)
 
     return run
 

@@ -3,7 +3,9 @@
 A node whose inputs are all compile-time constants is run once at compile time and replaced by
 initializers. ``Shape`` and ``Size`` fold when their input's shape is fully static. A kernel that
 would allocate past the budget raises :class:`~byoc.errors.ResourceLimitError` here, before any
-allocation, so a tiny model that asks for gigabytes is refused at compile time.
+allocation, so a tiny model that asks for gigabytes is refused at compile time. Folded constants
+count against ``Budget.max_total_bytes`` with the model's own initializers (constants a fold
+leaves unused are dropped and stop counting), so many small folds cannot add up to gigabytes.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 
+from byoc.budget import _fmt_bytes
 from byoc.errors import ByocError, ResourceLimitError
 from byoc.kernels.registry import get_factory
 from byoc.passes.base import PassContext, add_initializer, const_array, replace_value
@@ -48,8 +51,32 @@ def _fold_shape_op(node: ir.Node) -> list[np.ndarray] | None:
     return [np.array(shape[start:end], dtype=np.int64)]
 
 
+def _nbytes(value: ir.Value) -> int:
+    t = value.const_value
+    if t is None:
+        return 0
+    try:
+        return int(t.nbytes)
+    except Exception:  # a tensor type that cannot say (strings): count its elements
+        return int(np.prod(t.shape.numpy() if t.shape is not None else (), dtype=np.int64)) * 8
+
+
+def _release_unused(graph: ir.Graph, node_inputs) -> int:
+    """Drop initializers that the removed node was the last user of; returns the bytes freed."""
+    freed = 0
+    for v in node_inputs:
+        if v is None or not v.is_initializer() or v.uses() or v.is_graph_output() or v.is_graph_input():
+            continue
+        if graph.initializers.get(v.name) is v:
+            freed += _nbytes(v)
+            graph.initializers.pop(v.name)
+    return freed
+
+
 def _fold_graph(graph: ir.Graph, ctx: PassContext, opset: int) -> bool:
     changed = False
+    budget = ctx.budget
+    total = sum(_nbytes(v) for v in graph.initializers.values())
     for node in list(graph):
         if node.domain not in ("", "ai.onnx") or node.op_type in _NO_FOLD:
             continue
@@ -76,6 +103,15 @@ def _fold_graph(graph: ir.Graph, ctx: PassContext, opset: int) -> bool:
                 continue
         if results is None:
             continue
+        added = sum(np.asarray(a).nbytes for out, a in zip(node.outputs, results)
+                    if out.uses() or out.is_graph_output())
+        if total + added > budget.max_total_bytes:
+            label = f"node {node.name!r} ({node.op_type})" if node.name else f"a {node.op_type} node"
+            raise ResourceLimitError(
+                f"{label}: constant folding would hold {_fmt_bytes(total + added)} of constants, over the "
+                f"budget max_total_bytes={_fmt_bytes(budget.max_total_bytes)}")
+        total += added
+        inputs = list(node.inputs)
         for out, arr in zip(node.outputs, results):
             if not out.uses() and not out.is_graph_output():
                 continue
@@ -83,6 +119,7 @@ def _fold_graph(graph: ir.Graph, ctx: PassContext, opset: int) -> bool:
             out.name = f"{name}__folded"  # free the name for the initializer that replaces it
             replace_value(out, add_initializer(graph, name, np.asarray(arr)))
         graph.remove(node, safe=True)
+        total -= _release_unused(graph, inputs)
         changed = True
     return changed
 

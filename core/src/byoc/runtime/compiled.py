@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from byoc.arguments import check_run_args
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.bundle.writer import save as save_bundle
 from byoc.runtime.control import CancelHandle, controlled
@@ -81,6 +82,7 @@ class CompiledModel:
         :raises InputError: unknown or missing names, wrong dtype or shape (the message says
             what was expected).
         """
+        check_run_args(feeds, timeout=timeout, cancel=cancel)
         if timeout is not None or cancel is not None:
             with controlled(timeout, cancel):
                 return self.run(feeds)
@@ -88,7 +90,7 @@ class CompiledModel:
             chosen = self.specializer.select(feeds)
             if chosen is not self:
                 return chosen.run(feeds)
-        return self._plan.execute(check_feeds(self._plan.input_specs(), feeds))
+        return self._plan.execute(check_feeds(self._plan.input_specs(), feeds, self.budget))
 
     def save(self, path: "str | os.PathLike") -> "Path":
         """Write the compiled model to one bundle file (a zip; see :mod:`byoc.bundle`).

@@ -50,10 +50,26 @@ def _stack(spec: NodeSpec, items: list[np.ndarray], axis: int = 0, reverse: bool
     if reverse:
         items = items[::-1]
     if not items:
-        return np.zeros((0,), dtype=np.float32)
-    shape = (len(items),) + np.shape(items[0])
-    spec.check_alloc(shape, np.asarray(items[0]).dtype)
-    return np.stack(items, axis=axis)
+        return spec.alloc.zeros((0,), np.float32)
+    return spec.alloc.stack(items, axis=axis)
+
+
+def _check_accumulated(spec: NodeSpec, totals: list[int], values, what: str, i: int) -> None:
+    """Add each scan output's bytes to its running total and refuse one past the budget.
+
+    The stacked output is one tensor, so the values collected so far count against
+    ``max_tensor_bytes`` as they accumulate, not only when they are stacked at the end.
+    """
+    for k, value in enumerate(values):
+        totals[k] += np.size(value) * np.asarray(value).dtype.itemsize
+        spec.alloc.check_bytes(totals[k], f"{what} {k} after {i + 1} iterations")
+
+
+def _check_carried(spec: NodeSpec, values, i: int) -> None:
+    """Refuse a loop-carried value past the budget (one that grows each iteration, say)."""
+    for k, value in enumerate(values):
+        if isinstance(value, np.ndarray):
+            spec.alloc.check_bytes(value.size * value.dtype.itemsize, f"loop-carried value {k} at iteration {i}")
 
 
 def make_loop(spec: NodeSpec, body_plan: BodyPlanner) -> RunFn:
@@ -73,6 +89,7 @@ def make_loop(spec: NodeSpec, body_plan: BodyPlanner) -> RunFn:
             )
         keep_going = True if cond is None else bool(np.asarray(cond).reshape(()))
         scans: list[list[np.ndarray]] = []
+        totals: list[int] = []
         ctrl = control.current()
         i = 0
         while keep_going and (limit is None or i < limit):
@@ -91,14 +108,17 @@ def make_loop(spec: NodeSpec, body_plan: BodyPlanner) -> RunFn:
                     outs = plan.run_positional(args)
             keep_going = bool(np.asarray(outs[0]).reshape(()))
             carried = list(outs[1:1 + n_carried])
+            _check_carried(spec, carried, i)
             scan_outs = outs[1 + n_carried:]
             if not scans:
                 scans = [[] for _ in scan_outs]
+                totals = [0] * len(scan_outs)
+            _check_accumulated(spec, totals, scan_outs, "scan output", i)
             for acc, value in zip(scans, scan_outs):
                 acc.append(value)
             i += 1
         n_scan = len(spec.attrs["body"].outputs) - 1 - n_carried
-        stacked = [_stack(spec, acc) for acc in scans] if scans else [np.zeros((0,), np.float32)] * n_scan
+        stacked = [_stack(spec, acc) for acc in scans] if scans else [_stack(spec, [])] * n_scan
         return tuple(carried) + tuple(stacked)
 
     return run
@@ -125,12 +145,13 @@ def make_scan(spec: NodeSpec, body_plan: BodyPlanner) -> RunFn:
             raise spec.error(f"scan inputs disagree on the sequence length: {sorted(lengths)}")
         steps = lengths.pop() if lengths else 0
         collected: list[list[np.ndarray]] = [[] for _ in range(k)]
+        totals = [0] * k
         ctrl = control.current()
         for t in range(steps):
             slices = []
             for x, a, d in zip(scans_in, axes, in_dirs):
                 idx = steps - 1 - t if d else t
-                slices.append(np.take(x, idx, axis=a))
+                slices.append(spec.alloc.take(x, idx, axis=a))
             if ctrl is None:
                 outs = plan.run_positional(states + slices + list(captured))
             else:
@@ -139,12 +160,13 @@ def make_scan(spec: NodeSpec, body_plan: BodyPlanner) -> RunFn:
                 with control.inside(where):
                     outs = plan.run_positional(states + slices + list(captured))
             states = list(outs[:n_state])
+            _check_accumulated(spec, totals, outs[n_state:], "scan output", t)
             for acc, value in zip(collected, outs[n_state:]):
                 acc.append(np.asarray(value))
         results = []
         for acc, a, d in zip(collected, out_axes, out_dirs):
             if not acc:
-                results.append(np.zeros((0,), np.float32))
+                results.append(_stack(spec, []))
                 continue
             rank = acc[0].ndim + 1
             results.append(_stack(spec, acc, axis=a + rank if a < 0 else a, reverse=bool(d)))

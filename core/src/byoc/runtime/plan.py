@@ -310,10 +310,18 @@ def build_plan(
     return Plan(steps, len(slots), input_slots, outputs, constants, extra_slots)
 
 
-def check_feeds(specs: Sequence[InputSpec], feeds: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Validate user feeds against the graph inputs; returns the arrays to run with."""
+def check_feeds(specs: Sequence[InputSpec], feeds: dict[str, Any],
+                budget: Budget | None = None) -> dict[str, np.ndarray]:
+    """Validate user feeds against the graph inputs; returns the arrays to run with.
+
+    With ``budget``, a feed's logical size (a zero-stride view counts in full: kernels that
+    copy it materialise every element) must be within ``max_tensor_bytes``.
+    """
     if not isinstance(feeds, dict):
         raise InputError(f"feeds must be a dict name -> numpy array, got {type(feeds).__name__}")
+    bad_keys = [k for k in feeds if not isinstance(k, str)]
+    if bad_keys:
+        raise InputError(f"feed names must be strings, got {', '.join(repr(k) for k in bad_keys[:5])}")
     expected = {s.name for s in specs}
     unknown = sorted(set(feeds) - expected)
     if unknown:
@@ -347,6 +355,9 @@ def check_feeds(specs: Sequence[InputSpec], feeds: dict[str, Any]) -> dict[str, 
                         raise InputError(
                             f"input {spec.name!r}: dimension {want!r} is {got} here but {dims[want]} in another input"
                         )
+        if budget is not None:
+            budget.check_bytes(arr.size * arr.dtype.itemsize, f"input {spec.name!r}",
+                               f"a feed of shape {list(arr.shape)} ({arr.dtype})")
         out[spec.name] = arr
     return out
 
