@@ -6,6 +6,7 @@ rest on the host CPU with Numba reference kernels.
 
 from byoc.budget import Budget
 from byoc.compiler import compile
+from byoc.diagnostics import doctor, info
 from byoc.hookspecs import HOOK_API_VERSION, hookimpl
 from byoc.partition.types import Artifact, Pattern, Region, Rule, Target
 from byoc.plugins import list_targets
@@ -61,5 +62,7 @@ __all__ = [
     "UnsupportedOperatorError",
     "__version__",
     "compile",
+    "doctor",
+    "info",
     "load",
 ]

@@ -24,6 +24,7 @@ from byoc.partition.partitioner import (
 from byoc.partition.types import Artifact, Region, Target
 from byoc.passes.simplify import drop_legacy_initializer_inputs
 from byoc.plugins import Registry, get_registry
+from byoc.progress import stages as progress_stages
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.plan import build_plan
 
@@ -235,6 +236,8 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     from byoc.runtime.specialize import Specializer, has_symbolic_inputs
 
     budget = budget or DEFAULT_BUDGET
+    stages = progress_stages("compile")
+    stages.next("load and validate the model")
     registry = registry if registry is not None else (get_registry() if targets != [] else None)
     selected = resolve_targets(registry, targets) if registry is not None else []
     selected, skipped = _quant.split_targets(selected, targets is not None, calibration)
@@ -260,11 +263,14 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
             base.specializer = Specializer(
                 base, proto, static, lambda p: compile(p, names, target_options=target_options, **kwargs))
             base.options["shape_policy"] = {t.name: t.shape_policy for t in selected}
+            stages.finish()
             return base
+    stages.next("shared passes")
     _passes.run_passes(ir_model, passes, budget=budget)
     ensure_node_names(ir_model.graph)
 
     faults = _Faults(strict)
+    stages.next("vendor passes and calibration")
     for t in selected:
         for plugin, _, exc in registry.call_each("byoc_pre_partition", target=t.name, model=ir_model,
                                                   options=options[t.name]):
@@ -276,6 +282,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
 
     records: dict[str, NodeRecord]
     compiled_regions: list[CompiledRegion] = []
+    stages.next("partition")
     if selected:
         # the main graph first, then every subgraph (If branches, Loop/Scan bodies) on its own:
         # a region never spans a subgraph boundary
@@ -287,7 +294,9 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
             faults.items.extend(result.faults)
             records.update(result.records)
             regions.extend(result.regions)
+        stages.next("codegen", total=len(regions))
         for region in regions:
+            stages.item(f"{region.name} ({region.target})")
             opts = options[region.target]
             post_failed = False
             if quantizer is not None and quantizer.wants(region) and not quantizer.apply(region, faults):
@@ -323,7 +332,9 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
             return by_name[node.name].fn
         return None
 
+    stages.next("execution plan")
     plan = build_plan(ir_model.graph, budget=budget, step_factory=step_factory)
+    stages.finish()
     cm = CompiledModel(
         ir_model,
         plan,
