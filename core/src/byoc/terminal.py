@@ -29,6 +29,13 @@ def wanted(flag: bool | None, stream: TextIO | None = None) -> bool:
         return False
 
 
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 class LineListener:
     """One line when a step starts and one when it ends (for logs: ``--progress`` into a pipe)."""
 
@@ -69,6 +76,9 @@ class RichListener:
             TextColumn("[dim]{task.fields[detail]}"),
             console=self.console,
             transient=True,
+            # print() to stdout goes above the bars only when stdout is a terminal too: output
+            # redirected to a file must stay in that file
+            redirect_stdout=_isatty(sys.stdout),
         )
         self._ids: dict[int, object] = {}
 
