@@ -264,6 +264,8 @@ def test_missing_model_and_bad_model(work, tmp_path):
     (tmp_path / "junk.onnx").write_bytes(b"\x08\x07garbage" * 10)
     assert_one_line_error(byoc("info", "junk.onnx", cwd=tmp_path), "junk.onnx")
     assert_one_line_error(byoc("run", str(work / "small.onnx"), cwd=tmp_path), "missing input 'x'")
+    assert_one_line_error(byoc("run", str(work / "small.onnx"), "-i", f"q={work / 'x.npy'}", cwd=tmp_path),
+                          "unknown input name(s) ['q']")
 
 
 def test_calibration_argument_errors(work, tmp_path):

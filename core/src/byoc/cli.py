@@ -84,9 +84,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if out_dir is not None:
         check_output_dir(args.output_dir, "--output-dir")
     feeds = _parse_inputs(args.input or [])
-    if out_dir is not None and not is_bundle_path(args.model):
-        io = model_io(args.model)
-        if io is not None:
+    io = model_io(args.model) if Path(args.model).is_file() and not is_bundle_path(args.model) else None
+    if io is not None:  # names known without compiling: check them now
+        unknown = sorted(set(feeds) - set(io[0]))
+        if unknown:
+            raise InputError(f"unknown input name(s) {unknown}; the model's inputs are {io[0]}")
+        if out_dir is not None:
             _check_free(out_dir, safe_file_names(io[1], taken=[OUTPUTS_JSON]), args.force)
     compiled = compile_or_load(args, host_fallback=args.host_fallback)
     files = safe_file_names(compiled.output_names, taken=[OUTPUTS_JSON])
