@@ -8,6 +8,7 @@ from byoc._version import __version__
 from byoc.budget import Budget
 from byoc.compiler import compile
 from byoc.contract import HOOK_API_VERSION, Artifact, Option, Pattern, Region, Rule, SupportContext, Target, hookimpl
+from byoc.diagnostics import doctor, info
 from byoc.plugins import list_targets
 from byoc.errors import (
     BundleError,
@@ -62,5 +63,7 @@ __all__ = [
     "UnsupportedOperatorError",
     "__version__",
     "compile",
+    "doctor",
+    "info",
     "load",
 ]

@@ -1,134 +1,186 @@
-"""The ``byoc`` command."""
+"""The ``byoc`` command.
+
+Every failure is one line on stderr (``byoc: error: ...``) and a non-zero exit status: 2 for bad
+usage or input and byoc's own errors, 1 for a check that found problems (``doctor``,
+``conformance``, ``info`` with unsupported operators), 3 for an unexpected error (a bug; the line
+says so), 130 on Ctrl-C. ``--debug`` or ``BYOC_DEBUG=1`` also prints the traceback. Output paths
+and names are checked before any work. Progress goes to stderr on a terminal (or with
+``--progress``), never into pipes.
+"""
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
+import os
+import re
 import sys
+import traceback
 from pathlib import Path
+from typing import NoReturn, Sequence
 
 import numpy as np
 
 from byoc.errors import ByocError, InputError
 
+EXIT_ERROR = 2
+EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130
 
-def _load_npy(path: str, name: str) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise InputError(f"input {name!r}: file not found: {path}") from None
-    except ValueError as exc:
-        raise InputError(f"input {name!r}: {path} is not a plain .npy array ({exc})") from None
+
+class UsageError(Exception):
+    """A command-line mistake found by the parser: printed as one line, exit status 2."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse prints usage and two lines: we print one
+        match = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if match:
+            from byoc.cliutil import suggest
+
+            choices = re.findall(r"'([^']*)'", match.group(2))
+            message = f"{message}{suggest(match.group(1), choices)}"
+        raise UsageError(self.prog, message)
 
 
 def _parse_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
-    feeds = {}
+    """``-i NAME=FILE.npy`` pairs, every file checked and read (before any compile work)."""
+    from byoc.arrays import load_npy
+
+    paths: dict[str, str] = {}
     for pair in pairs:
         name, sep, path = pair.partition("=")
         if not sep or not name or not path:
             raise InputError(f"--input expects NAME=FILE.npy, got {pair!r}")
-        feeds[name] = _load_npy(path, name)
-    return feeds
+        if name in paths:
+            raise InputError(f"--input {name!r} given twice ({paths[name]} and {path})")
+        paths[name] = path
+    return {name: load_npy(path, f"input {name!r} ({path})") for name, path in paths.items()}
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    import onnx_ir as ir
+    import byoc
+    from byoc.cliutil import check_model_path
 
-    from byoc.frontend import load_model
-    from byoc.kernels import is_supported
-
-    model = load_model(args.model, require_kernels=False)
-    graph = model.graph
-    print(f"model: {args.model}")
-    print(f"opset: {dict(graph.opset_imports)}   ir_version: {model.ir_version}   producer: {model.producer_name or '-'}")
-    print("inputs:")
-    for v in graph.inputs:
-        if v.name in graph.initializers:
-            continue
-        print(f"  {v.name}: {v.dtype.name if v.dtype else '?'} {_shape(v)}")
-    print("outputs:")
-    for v in graph.outputs:
-        print(f"  {v.name}: {v.dtype.name if v.dtype else '?'} {_shape(v)}")
-    counts: collections.Counter[str] = collections.Counter()
-    supported: dict[str, bool] = {}
-    unsupported = []
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        key = f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
-        counts[key] += 1
-        supported.setdefault(key, is_supported(node.op_type, node.domain))
-        if not supported[key]:
-            unsupported.append(node.name or key)
-    print(f"nodes: {sum(counts.values())}   initializers: {len(graph.initializers)}")
-    print("operators:")
-    for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        mark = "" if supported[op] else "   (unsupported)"
-        print(f"  {op:<28} {n:>6}{mark}")
-    if unsupported:
-        print(f"unsupported nodes ({len(unsupported)}): {', '.join(unsupported[:20])}{' ...' if len(unsupported) > 20 else ''}")
-        return 1
-    return 0
-
-
-def _shape(v) -> str:
-    if v.shape is None:
-        return "[?]"
-    return "[" + ", ".join(str(d) if isinstance(d, int) else (str(d.value) if d.value else "?") for d in v.shape) + "]"
+    check_model_path(args.model)
+    found = byoc.info(args.model)
+    if args.json:
+        print(json.dumps(found.to_json(), indent=2))
+    else:
+        sys.stdout.write(found.format())
+    return 0 if found.supported else 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import byoc
-    from byoc.bundle import is_bundle
+    from byoc.cliutil import check_output_dir, compile_or_load, is_bundle_path, model_io, safe_file_names
+    from byoc.progress import phase
 
-    feeds = _parse_inputs(args.input or [])
-    if is_bundle(args.model):
-        if args.target is not None:
-            raise InputError(f"{args.model} is a bundle: its targets were fixed when it was compiled; drop --target")
-        compiled = byoc.load(args.model, fallback="host" if args.host_fallback else None)
-    else:
-        compiled = byoc.compile(args.model, targets=args.target if args.target is not None else None)
-    outputs = compiled.run(feeds)
     out_dir = Path(args.output_dir) if args.output_dir else None
+    if out_dir is not None:
+        check_output_dir(args.output_dir, "--output-dir")
+    feeds = _parse_inputs(args.input or [])
+    io = model_io(args.model) if Path(args.model).is_file() and not is_bundle_path(args.model) else None
+    if io is not None:  # names known without compiling: check them now
+        unknown = sorted(set(feeds) - set(io[0]))
+        if unknown:
+            raise InputError(f"unknown input name(s) {unknown}; the model's inputs are {io[0]}")
+        if out_dir is not None:
+            _check_free(out_dir, safe_file_names(io[1], taken=[OUTPUTS_JSON]), args.force)
+    compiled = compile_or_load(args, host_fallback=args.host_fallback)
+    files = safe_file_names(compiled.output_names, taken=[OUTPUTS_JSON])
+    if out_dir is not None:
+        _check_free(out_dir, files, args.force)
+    if args.repeat < 1:
+        raise InputError(f"--repeat must be at least 1, got {args.repeat}")
+    outputs = compiled.run(feeds)
+    if args.repeat > 1:
+        with phase("warm runs", total=args.repeat - 1) as task:
+            for _ in range(args.repeat - 1):
+                outputs = compiled.run(feeds)
+                task.advance()
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     for name, arr in outputs.items():
         stats = f"min {arr.min():.6g} max {arr.max():.6g} mean {arr.mean():.6g}" if arr.size and arr.dtype.kind in "fiu" else ""
         print(f"{name}: {arr.dtype} {list(arr.shape)} {stats}")
         if out_dir is not None:
-            target = out_dir / (_safe_filename(name) + ".npy")
-            np.save(target, arr, allow_pickle=False)
+            target = out_dir / files[name]
+            try:
+                np.save(target, arr, allow_pickle=False)
+            except OSError as exc:
+                raise InputError(f"cannot write output {name!r} to {target}: {exc.strerror or exc}") from None
             print(f"  -> {target}")
+    if out_dir is not None:
+        mapping = out_dir / OUTPUTS_JSON
+        mapping.write_text(json.dumps(files, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"output name -> file: {mapping}")
     return 0
 
 
+#: written next to the outputs of ``byoc run -o DIR``: output name -> file name
+OUTPUTS_JSON = "outputs.json"
+
+
+def _check_free(out_dir: Path, files: dict[str, str], force: bool) -> None:
+    if force or not out_dir.exists():
+        return
+    clash = [f for f in [*files.values(), OUTPUTS_JSON] if (out_dir / f).exists()]
+    if clash:
+        raise InputError(f"--output-dir {out_dir}: {', '.join(clash[:5])}{' ...' if len(clash) > 5 else ''} "
+                         f"already exist(s); pass --force to overwrite, or choose another folder")
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
-    import byoc
+    from byoc.cliutil import check_output_file, compile_or_load, is_bundle_path
 
     out = Path(args.output) if args.output else Path(args.model).with_suffix(".byoc")
-    targets = [] if args.host_only else args.target
-    compiled = byoc.compile(args.model, targets=targets)
+    check_output_file(str(out), "--output")
+    if is_bundle_path(args.model):
+        raise InputError(f"{args.model} is already a bundle; compile an ONNX model")
+    if args.host_only:
+        if args.target:
+            raise InputError("--host-only and --target exclude each other")
+        args.target = []
+    if out.exists() and Path(args.model).exists() and out.resolve() == Path(args.model).resolve():
+        raise InputError(f"--output {out} is the model itself")
+    compiled = compile_or_load(args)
     compiled.save(out)
     placed = collections.Counter(rec.device for rec in compiled.records.values())
     print(f"regions: {len(compiled.regions)}   nodes: " + ", ".join(f"{d} {n}" for d, n in sorted(placed.items())))
     for fault in compiled.faults:
         print(f"fallback: {fault}")
+    calib = compiled.options.get("calibration")
+    if calib:
+        print(f"calibration: {calib['samples']} sample(s), {calib['tensors']} tensor(s)")
     print(f"bundle: {out} ({out.stat().st_size} bytes)")
     return 0
 
 
-def _safe_filename(name: str) -> str:
-    keep = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".")
-    return keep or "output"
+def _common_args(p: argparse.ArgumentParser, *, top: bool) -> None:
+    default = None if top else argparse.SUPPRESS
+    p.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+                   help="show the Python traceback of an error (also BYOC_DEBUG=1)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=default,
+                   help="progress on stderr (default: only when stderr is a terminal)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from byoc import __version__
+    from byoc.cliutil import add_calibration_args
 
-    parser = argparse.ArgumentParser(prog="byoc", description="Bring Your Own Codegen: compile and run ONNX models.")
+    parser = _Parser(prog="byoc", description="Bring Your Own Codegen: compile and run ONNX models.")
     parser.add_argument("--version", action="version", version=f"byoc {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    _common_args(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("info", help="inputs, outputs, operator counts and unsupported operators of a model")
     p.add_argument("model")
+    p.add_argument("--json", action="store_true", help="print JSON (byoc.info(model).to_json())")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("compile", help="compile a model and save it as one bundle file (MODEL.byoc)")
@@ -137,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", "-t", action="append", metavar="TARGET",
                    help="target to use, in priority order (repeat); default: every installed target")
     p.add_argument("--host-only", action="store_true", help="use no target: everything runs on the host")
+    add_calibration_args(p)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="compile and run a model (or run a .byoc bundle) on .npy inputs")
@@ -144,9 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-fallback", action="store_true",
                    help="bundle only: run regions whose plugin is missing or of another version on the host")
     p.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy", help="an input (repeat for each)")
-    p.add_argument("--output-dir", "-o", metavar="DIR", help="write each output as DIR/<name>.npy")
+    p.add_argument("--output-dir", "-o", metavar="DIR",
+                   help="write each output as DIR/<safe name>.npy, and DIR/outputs.json (output name -> file)")
+    p.add_argument("--force", action="store_true", help="overwrite existing files in --output-dir")
+    p.add_argument("--repeat", type=int, default=1, metavar="N", help="run N times (the last outputs are kept)")
     p.add_argument("--target", "-t", action="append", metavar="TARGET",
                    help="target to use, in priority order (repeat); default: every installed target")
+    add_calibration_args(p)
     p.set_defaults(func=cmd_run)
 
     from byoc.report.commands import add_commands  # explain, partition, targets, doctor
@@ -155,17 +212,94 @@ def build_parser() -> argparse.ArgumentParser:
     from byoc.testing.commands import add_commands as add_testing_commands  # conformance, new-plugin
 
     add_testing_commands(sub)
+    for child in sub.choices.values():
+        _common_args(child, top=False)
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    from byoc.cliutil import suggest
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = parser._subparsers._group_actions[0].choices if parser._subparsers else {}
+    top_options = [s for a in parser._actions for s in a.option_strings]
+    for token in argv:  # an option before the command that only a command knows: say where it goes
+        if not token.startswith("-"):
+            break
+        flag = token.split("=")[0]
+        if flag == "--" or any(o.startswith(flag) for o in top_options):
+            continue
+        everywhere = sorted({s for child in commands.values() for a in child._actions for s in a.option_strings})
+        if flag in everywhere:
+            raise UsageError(parser.prog, f"option {flag!r} goes after the command: byoc COMMAND {flag} ...")
+        raise UsageError(parser.prog, f"unknown option {flag!r}{suggest(flag, everywhere)}")
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        child = parser._subparsers._group_actions[0].choices.get(args.command) if parser._subparsers else None
+        prog = child.prog if child is not None else parser.prog
+        options = [s for a in (child or parser)._actions for s in a.option_strings]
+        first = extras[0]
+        if first.startswith("-"):
+            raise UsageError(prog, f"unknown option {first.split('=')[0]!r}{suggest(first.split('=')[0], options)}")
+        raise UsageError(prog, f"unexpected argument(s): {' '.join(extras)}")
+    return args
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def _describe(exc: BaseException) -> tuple[str, int]:
+    """The line to print and the exit status for an error that reached :func:`main`."""
+    if isinstance(exc, ByocError):
+        return f"{type(exc).__name__}: {_one_line(str(exc))}", EXIT_ERROR
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        root = exc.name.split(".")[0]
+        return f"this needs the Python package {root!r}, which is not installed: pip install {root}", EXIT_ERROR
+    if isinstance(exc, MemoryError):
+        return f"out of memory{': ' + _one_line(str(exc)) if str(exc) else ''}", EXIT_ERROR
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror or _one_line(str(exc)) or type(exc).__name__}{where}", EXIT_ERROR
+    return (f"internal error: {type(exc).__name__}: {_one_line(str(exc))} (a bug in byoc or a plugin; "
+            f"--debug or BYOC_DEBUG=1 shows the traceback)"), EXIT_INTERNAL
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the ``byoc`` command; returns the exit status (see the module docstring)."""
+    debug = os.environ.get("BYOC_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
     try:
-        return args.func(args)
-    except ByocError as exc:
-        print(f"byoc: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        parser = build_parser()
+        args = _parse(parser, argv)
+    except UsageError as exc:
+        print(f"{exc.prog}: error: {_one_line(str(exc))} (see '{exc.prog} --help')", file=sys.stderr)
+        return EXIT_ERROR
+    debug = debug or bool(getattr(args, "debug", False))
+    prog = f"byoc {args.command}"
+    try:
+        from byoc.terminal import show_progress
+
+        with show_progress(getattr(args, "progress", None)):
+            return args.func(args)
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # the reader of stdout went away (``byoc targets | head``): nothing more to say
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
+    except Exception as exc:  # noqa: BLE001 - the one place every error becomes one line
+        if debug:
+            traceback.print_exc()
+        line, status = _describe(exc)
+        print(f"{prog}: error: {line}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":  # pragma: no cover

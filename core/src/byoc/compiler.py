@@ -37,6 +37,8 @@ from byoc.contract.options import resolve_options as _resolve
 from byoc.passes.simplify import drop_legacy_initializer_inputs
 from byoc.plugins import Registry, get_registry
 from byoc.quantize import pipeline as _quant
+from byoc.progress import Stages
+from byoc.progress import stages as progress_stages
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.plan import build_plan
 from byoc.runtime.specialize import has_symbolic_inputs, specialise
@@ -99,6 +101,8 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     check_compile_args(targets=targets, passes=passes, budget=budget, target_options=target_options,
                        strict=strict, hook_timeout=hook_timeout, calibration=calibration)
     budget = budget or DEFAULT_BUDGET
+    stages = progress_stages("compile")
+    stages.next("load and validate the model")
     registry = registry if registry is not None else (get_registry() if targets != [] else None)
     selected = resolve_targets(registry, targets) if registry is not None else []
     selected, skipped = _quant.split_targets(selected, targets is not None, calibration)
@@ -118,9 +122,10 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
                 return compile_model(_load(p, budget, require_kernels=not ts), ts,
                                      {t.name: dict(options[t.name]) for t in ts}, settings)
 
+            stages.finish()
             return specialise(proto, selected, compile_shapes)
     cm = compile_model(ir_model, selected, options,
-                       _Settings(registry, passes, budget, strict, hook_timeout, calibration))
+                       _Settings(registry, passes, budget, strict, hook_timeout, calibration), stages)
     if skipped:
         cm.options["skipped_targets"] = skipped
     return cm
@@ -145,22 +150,27 @@ def _load(model: ModelLike, budget: Budget, *, require_kernels: bool) -> ir.Mode
 
 
 def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mapping[str, Mapping[str, Any]],
-                  settings: _Settings) -> CompiledModel:
+                  settings: _Settings, stages: Stages | None = None) -> CompiledModel:
     """One compile of a loaded model for its input shapes: passes, vendor passes, calibration,
-    partitioning, codegen and the host plan."""
+    partitioning, codegen and the host plan (each a step of ``stages``, see :mod:`byoc.progress`)."""
     budget = settings.budget
+    stages = stages or progress_stages("compile")
+    stages.next("shared passes")
     _passes.run_passes(ir_model, settings.passes, budget=budget)
     ensure_node_names(ir_model.graph)
 
     faults = _Faults(settings.strict)
+    stages.next("vendor passes and calibration")
     _pre_partition(settings.registry, ir_model, selected, options, faults)
     # targets that run quantised code: calibrate the float model once, here (after every rewrite)
     quantizer = _quant.prepare(ir_model, selected, options, settings.calibration, budget)
 
     compiled_regions: list[CompiledRegion] = []
+    stages.next("partition")
     if selected:
         records, regions = _partition(ir_model, selected, options, settings, faults)
-        compiled_regions = _codegen(regions, records, options, quantizer, settings, faults)
+        stages.next("codegen", total=len(regions))
+        compiled_regions = _codegen(regions, records, options, quantizer, settings, faults, stages)
         substitute_regions(compiled_regions)
         check_host_kernels(ir_model.graph)
     else:
@@ -168,7 +178,9 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
 
     if compiled_regions and REGION_DOMAIN not in ir_model.graph.opset_imports:
         ir_model.graph.opset_imports[REGION_DOMAIN] = 1
+    stages.next("execution plan")
     plan = build_plan(ir_model.graph, budget=budget, step_factory=region_step_factory(compiled_regions))
+    stages.finish()
     cm = CompiledModel(
         ir_model,
         plan,
@@ -210,12 +222,13 @@ def _partition(ir_model: ir.Model, selected: Sequence[Target], options: Mapping[
 
 
 def _codegen(regions: Sequence[Region], records: dict[str, NodeRecord], options: Mapping[str, Mapping[str, Any]],
-             quantizer: Any, settings: _Settings, faults: _Faults) -> list[CompiledRegion]:
+             quantizer: Any, settings: _Settings, faults: _Faults, stages: Stages) -> list[CompiledRegion]:
     """Quantise (for calibrated targets), run the vendor post-partition passes and codegen of
     every region; a region whose plugin fails falls back to the host, and its records say why."""
     registry = settings.registry
     compiled: list[CompiledRegion] = []
     for region in regions:
+        stages.item(f"{region.name} ({region.target})")
         opts = options[region.target]
         post_failed = False
         if quantizer is not None and quantizer.wants(region) and not quantizer.apply(region, faults):

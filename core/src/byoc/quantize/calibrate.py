@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sized
 
 import numba
 import numpy as np
@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.errors import ByocError, CalibrationRequiredError, InputError
+from byoc.progress import start as progress_start
 from byoc.runtime.plan import build_plan, check_feeds, host_step
 
 #: default number of histogram bins per tensor
@@ -233,6 +234,7 @@ def calibrate(
     plan = build_plan(model.graph, budget=budget, step_factory=obs.step_factory)
     specs = plan.input_specs()
     n = 0
+    task = progress_start("calibration (float model on the host)", len(samples) if isinstance(samples, Sized) else None)
     for i, feeds in enumerate(samples):
         try:
             feeds = check_feeds(specs, dict(feeds) if isinstance(feeds, Mapping) else feeds)
@@ -245,6 +247,8 @@ def calibrate(
         except ByocError as exc:
             raise type(exc)(f"calibration sample #{i}: {exc}") from exc
         n += 1
+        task.advance()
+    task.finish()
     if n == 0:
         raise CalibrationRequiredError("calibration has no samples: pass at least one feed dict")
     # graph inputs that are initializers (overridable) and constants are not statistics

@@ -23,19 +23,10 @@ def _targets_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _compile(args: argparse.Namespace):
-    import byoc
+    from byoc.cliutil import compile_or_load
 
-    try:
-        from byoc.bundle import is_bundle
-        from byoc.bundle.loader import load
-    except ImportError:  # pragma: no cover - bundles are optional here
-        is_bundle = load = None
-    if is_bundle is not None and Path(args.model).is_file() and is_bundle(args.model):
-        if args.target is not None:
-            raise InputError(f"{args.model} is a bundle: its targets were fixed when it was compiled; drop --target")
-        # a region whose plugin is missing runs on the host; the report shows it as a fallback
-        return load(args.model, fallback="host")
-    return byoc.compile(args.model, targets=args.target, strict=args.strict)
+    # a bundle's region whose plugin is missing runs on the host; the report shows it as a fallback
+    return compile_or_load(args, strict=args.strict, host_fallback=True)
 
 
 def _write(dest: str, text: str, what: str) -> None:
@@ -51,9 +42,14 @@ def _write(dest: str, text: str, what: str) -> None:
 def cmd_explain(args: argparse.Namespace) -> int:
     from byoc.report import render
 
+    from byoc.cliutil import check_distinct, check_output_file
+
     outputs = [(fmt, dest) for fmt, dest in (("json", args.json), ("dot", args.dot), ("html", args.html)) if dest]
     if sum(dest == "-" for _, dest in outputs) > 1:
         raise InputError("only one of --json/--dot/--html can write to stdout ('-')")
+    for fmt, dest in outputs:  # before any work
+        check_output_file(dest, f"--{fmt}", allow_stdout=True)
+    check_distinct([(f"--{fmt}", dest) for fmt, dest in outputs])
     compiled = _compile(args)
     data = compiled.report_data()
     to_stdout = any(dest == "-" for _, dest in outputs)
@@ -89,8 +85,10 @@ def _region_code(compiled: Any) -> str:
 def cmd_partition(args: argparse.Namespace) -> int:
     import onnx
 
+    from byoc.cliutil import check_output_file
     from byoc.report import partitioned_onnx
 
+    check_output_file(args.output, "--output")
     compiled = _compile(args)
     proto = partitioned_onnx(compiled)
     try:
@@ -161,57 +159,20 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    import os
+    import byoc
 
-    from byoc.contract import hookspecs
-    from byoc.plugins import get_registry
-
-    registry = get_registry()
-    env = os.environ.get("BYOC_PLUGINS")
-    print(f"hook API version: {hookspecs.HOOK_API_VERSION}"
-          + (f"   BYOC_PLUGINS={env!r} restricts the plugins loaded" if env is not None else ""))
-    print(f"plugins loaded ({len(registry.distributions)}):")
-    for name, (dist, version) in sorted(registry.distributions.items()):
-        owned = [t.name for t in registry.targets.values() if t.plugin == name]
-        print(f"  {name:<20} {(dist + ' ' + version).strip() or '(in-process)':<28} targets: {', '.join(owned) or '-'}")
-    print(f"usable targets: {', '.join(t.name for t in registry.ordered_targets()) or 'none'}")
-    problems = 0
-    broken = [f for f in registry.faults if f.kind not in ("duplicate", "api-version")]
-    if broken:
-        print(f"\nbroken plugins ({len(broken)}):")
-        for f in broken:
-            print(f"  [{f.kind}] {f}")
-        problems += len(broken)
-    if registry.conflicts:
-        print(f"\nduplicate targets ({len(registry.conflicts)}):")
-        for name, owners in sorted(registry.conflicts.items()):
-            dists = [" ".join(registry.distributions.get(o, ("", ""))).strip() or "in-process" for o in owners]
-            print(f"  target {name!r} is registered by plugins "
-                  + ", ".join(f"{o!r} ({d})" for o, d in zip(owners, dists))
-                  + "; uninstall one or restrict with BYOC_PLUGINS")
-        problems += len(registry.conflicts)
-    if registry.incompatible:
-        print(f"\nincompatible targets ({len(registry.incompatible)}):")
-        for name, t in sorted(registry.incompatible.items()):
-            dist = f" ({t.distribution})" if t.distribution else ""
-            print(f"  target {name!r} of plugin {t.plugin!r}{dist} was built for hook API version {t.api_version}; "
-                  f"byoc provides {hookspecs.HOOK_API_VERSION}: upgrade the plugin")
-        problems += len(registry.incompatible)
-    old = [f for f in registry.faults if f.kind == "api-version" and f.hook == "import"]
-    if old:
-        print(f"\nincompatible plugins ({len(old)}):")
-        for f in old:
-            print(f"  {f}")
-        problems += len(old)
-    if problems:
-        print(f"\n{problems} problem(s) found")
-        return 1
-    print("\nno problems found")
-    return 0
+    found = byoc.doctor()
+    if getattr(args, "json", False):
+        print(json.dumps(found.to_json(), indent=2))
+    else:
+        sys.stdout.write(found.format())
+    return 0 if found.ok else 1
 
 
 def add_commands(sub: Any) -> None:
     """Add ``explain``, ``partition``, ``targets`` and ``doctor`` to the ``byoc`` sub-parsers."""
+    from byoc.cliutil import add_calibration_args
+
     p = sub.add_parser("explain", help="the placement report: where every node runs and why")
     p.add_argument("model", help="an ONNX model (or a .byoc bundle)")
     _targets_arg(p)
@@ -221,6 +182,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--strict", action="store_true", help="fail on a plugin fault instead of falling back")
     p.add_argument("--show-code", action="store_true",
                    help="also print each region's generated source (artifacts that carry one)")
+    add_calibration_args(p)
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("partition", help="write the partitioned model as ONNX (regions as byoc::Region nodes)")
@@ -228,6 +190,7 @@ def add_commands(sub: Any) -> None:
     _targets_arg(p)
     p.add_argument("--output", "-o", required=True, metavar="OUT.onnx", help="the ONNX file to write")
     p.add_argument("--strict", action="store_true", help="fail on a plugin fault instead of falling back")
+    add_calibration_args(p)
     p.set_defaults(func=cmd_partition)
 
     p = sub.add_parser("targets", help="installed targets: version, distribution, device, operators, runtime")
@@ -236,6 +199,7 @@ def add_commands(sub: Any) -> None:
 
     p = sub.add_parser("doctor", help="check the installed plugins (exit 1 on broken, duplicate or "
                                       "incompatible plugins)")
+    p.add_argument("--json", action="store_true", help="print JSON (byoc.doctor().to_json())")
     p.set_defaults(func=cmd_doctor)
 
 

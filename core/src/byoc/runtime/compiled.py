@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -12,6 +12,10 @@ import onnx_ir as ir
 from byoc.arguments import check_run_args
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.bundle.writer import save as save_bundle
+from byoc.errors import InputError
+from byoc.progress import active as progress_active
+from byoc.progress import phase as progress_phase
+from byoc.progress import ticking as progress_ticking
 from byoc.runtime.control import CancelHandle, controlled
 from byoc.runtime.plan import InputSpec, Plan, check_feeds
 
@@ -55,6 +59,8 @@ class CompiledModel:
         self.specializer = None
         #: region name -> why it runs on the host (set by ``byoc.load(..., fallback="host")``)
         self.host_fallback: dict[str, str] = {}
+        #: set after the first run (which JIT-compiles or cache-loads the kernels)
+        self._warm = False
 
     @property
     def inputs(self) -> list[InputSpec]:
@@ -90,7 +96,111 @@ class CompiledModel:
             chosen = self.specializer.select(feeds)
             if chosen is not self:
                 return chosen.run(feeds)
-        return self._plan.execute(check_feeds(self._plan.input_specs(), feeds, self.budget))
+        checked = check_feeds(self._plan.input_specs(), feeds, self.budget)
+        if self._warm or not progress_active():
+            self._warm = True
+            return self._plan.execute(checked)
+        # shown only while a front end listens (byoc.progress): one unit per step
+        with progress_phase("first run (Numba compiles or loads the kernels)", total=len(self._plan.steps)) as task, \
+                progress_ticking(self._plan, task):
+            out = self._plan.execute(checked)
+        self._warm = True
+        return out
+
+    def run_batch(self, feeds: Iterable[Mapping[str, np.ndarray]], *, batch_size: int = 1,
+                  timeout: float | None = None, cancel: "CancelHandle | None" = None) -> Iterator[dict[str, np.ndarray]]:
+        """Run many inputs: yields one output dict per feed dict of ``feeds``, in order (lazily).
+
+        With ``batch_size > 1``, up to that many consecutive feed dicts are concatenated along
+        axis 0 and run at once when the model declares a batch axis: every input's and every
+        output's first dimension is the same named dimension (e.g. ``"N"``). The outputs are
+        split back per feed dict (a feed dict may itself hold several samples along axis 0).
+        Feeds whose other dimensions or dtypes differ from the batch so far start a new batch.
+        Without a named batch axis, each feed dict runs on its own. A model with static-shape
+        targets is specialised per batch shape on first use (see :mod:`byoc.runtime.specialize`).
+
+        :param timeout: seconds per :meth:`run` call (one batch).
+        :raises OptionError: ``batch_size`` below 1.
+        :raises InputError: as :meth:`run`; the message names the feed's index.
+        """
+        from byoc.errors import OptionError
+
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise OptionError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        return self._batches(iter(feeds), batch_size, timeout, cancel)
+
+    def _batch_axis(self) -> str | None:
+        """The named dimension all inputs and outputs start with, else ``None``."""
+        names = set()
+        for spec in self.inputs:
+            if spec.optional:
+                continue
+            if not spec.shape or not isinstance(spec.shape[0], str):
+                return None
+            names.add(spec.shape[0])
+        for value in self.model.graph.outputs:
+            dim = value.shape[0] if value.shape is not None and len(value.shape) else None
+            if dim is None or isinstance(dim, int) or not dim.value:
+                return None
+            names.add(dim.value)
+        return names.pop() if len(names) == 1 else None
+
+    def _batches(self, feeds: Iterator[Mapping[str, np.ndarray]], batch_size: int, timeout, cancel):
+        def run_one(index: int, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            try:
+                return self.run(dict(feed), timeout=timeout, cancel=cancel)
+            except InputError as exc:
+                raise InputError(f"feed #{index}: {exc}") from None
+
+        if batch_size == 1 or self._batch_axis() is None:
+            for index, feed in enumerate(feeds):
+                yield run_one(index, feed)
+            return
+        pending: list[tuple[int, dict[str, np.ndarray]]] = []
+
+        def fits(feed: dict[str, np.ndarray]) -> bool:
+            first = pending[0][1]
+            if set(feed) != set(first):
+                return False
+            return all(isinstance(feed[k], np.ndarray) and feed[k].ndim >= 1 and feed[k].dtype == first[k].dtype
+                       and feed[k].shape[1:] == first[k].shape[1:] for k in first)
+
+        def flush() -> Iterator[dict[str, np.ndarray]]:
+            group = list(pending)
+            pending.clear()
+            if len(group) == 1:
+                yield run_one(*group[0])
+                return
+            names = list(group[0][1])
+            flat = not names or any(feed[k].ndim == 0 for _, feed in group for k in names)
+            sizes = [0 if flat else len(feed[names[0]]) for _, feed in group]
+            if flat or any(len(feed[k]) != n for (_, feed), n in zip(group, sizes) for k in names):
+                for index, feed in group:  # inputs disagree on the batch size: run each alone
+                    yield run_one(index, feed)
+                return
+            joined = {k: np.concatenate([feed[k] for _, feed in group], axis=0) for k in names}
+            try:
+                out = self.run(joined, timeout=timeout, cancel=cancel)
+            except InputError as exc:
+                raise InputError(f"feeds #{group[0][0]}..#{group[-1][0]} (batched): {exc}") from None
+            total = sum(sizes)
+            if any(arr.ndim == 0 or arr.shape[0] != total for arr in out.values()):
+                for index, feed in group:  # the outputs do not follow the batch axis: run each alone
+                    yield run_one(index, feed)
+                return
+            bounds = np.cumsum([0] + sizes)
+            for i in range(len(group)):
+                yield {k: arr[bounds[i]:bounds[i + 1]] for k, arr in out.items()}
+
+        for index, feed in enumerate(feeds):
+            if not isinstance(feed, Mapping):
+                raise InputError(f"feed #{index}: expected a dict input name -> array, got {type(feed).__name__}")
+            feed = {k: np.asarray(v) for k, v in feed.items()}
+            if pending and (len(pending) >= batch_size or not fits(feed)):
+                yield from flush()
+            pending.append((index, feed))
+        if pending:
+            yield from flush()
 
     def save(self, path: "str | os.PathLike") -> "Path":
         """Write the compiled model to one bundle file (a zip; see :mod:`byoc.bundle`).

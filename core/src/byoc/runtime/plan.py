@@ -16,6 +16,7 @@ import onnx_ir as ir
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.errors import ByocError, InputError, KernelError, ResourceLimitError
 from byoc.kernels.registry import NodeSpec, RunFn, make_kernel
+from byoc.progress import ticker as progress_ticker
 from byoc.runtime import control as _control
 from byoc.runtime import control_flow as _control_flow
 
@@ -154,10 +155,13 @@ class Plan:
     def _run(self, env: list[Any]) -> None:
         step = None
         ctrl = _control.current()
+        tick = progress_ticker(self)  # set only while a front end shows a first run
         try:
             for step in self.steps:
                 if ctrl is not None:
                     ctrl.check(f"node {step.name!r} ({step.op_type})")
+                if tick is not None:
+                    tick.item(f"{step.name} ({step.op_type})")
                 args = [env[i] if i >= 0 else None for i in step.inputs]
                 results = step.run(*args)
                 for slot, val in zip(step.outputs, results):

@@ -18,9 +18,20 @@ _NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
-    from byoc.testing.conformance import SUITES, Conformance
+    from byoc.cliutil import check_output_file, check_targets
+
+    try:
+        from byoc.testing.conformance import SUITES, Conformance
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == "hypothesis":
+            raise ByocError("byoc conformance needs hypothesis, which is not installed: pip install hypothesis") \
+                from None
+        raise
+    from byoc.progress import phase
     from byoc.testing.requirements import Requirements
 
+    check_output_file(args.json, "--json", allow_stdout=True)  # before any work
+    check_targets([args.target])
     if args.examples is not None and args.examples < 1:
         raise OptionError("--examples must be at least 1")
     suites = None
@@ -45,11 +56,13 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     conf = Conformance(args.target, requirements=req, examples=args.examples, seed=args.seed)
 
     def progress(result) -> None:
+        task.advance(detail=f"{result.suite} {result.name}")
         if not args.quiet:
             mark = {"pass": ".", "fail": "F", "rejected": "r", "untested": "u", "skipped": "s"}.get(result.status, "?")
             print(f"  {mark} {result.suite:<12} {result.name}  ({result.seconds:.1f} s)", file=sys.stderr, flush=True)
 
-    report = conf.run(suites, progress)
+    with phase(f"conformance {args.target}") as task:
+        report = conf.run(suites, progress)
     # with --json - the JSON owns stdout and the table goes to stderr
     print(report.format(verbose=args.verbose), file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
