@@ -221,7 +221,7 @@ class Weights:
             if is_stub(t) and t.name in self._items:
                 w = self._items[t.name]
                 t.ClearField("external_data")
-                t.data_location = _T.DEFAULT
+                t.ClearField("data_location")
                 if w.raw is not None:
                     t.raw_data = w.raw
                 else:
