@@ -232,7 +232,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     """
     from byoc import passes as _passes
     from byoc.quantize import pipeline as _quant
-    from byoc.runtime.specialize import Specializer, has_symbolic_inputs
+    from byoc.runtime.specialize import Specializer, has_symbolic_inputs, has_symbolic_ir_inputs
 
     budget = budget or DEFAULT_BUDGET
     registry = registry if registry is not None else (get_registry() if targets != [] else None)
@@ -245,7 +245,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     ir_model = load_model(model, budget=budget, require_kernels=not selected)
     drop_legacy_initializer_inputs(ir_model)
     static = [t for t in selected if t.shape_policy != "dynamic"]
-    if static:
+    if static and has_symbolic_ir_inputs(ir_model):  # (no serialising of the weights otherwise)
         proto = ir.to_proto(ir_model)
         if has_symbolic_inputs(proto):
             # compile once without the static-shape targets; specialise per shape on first use
