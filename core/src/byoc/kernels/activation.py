@@ -432,7 +432,8 @@ def k_softmax(x, out, n, inner, log, start, stop):
     for o in range(start, stop):
         blk = x[o * n * inner : (o + 1) * n * inner]
         oblk = out[o * n * inner : (o + 1) * n * inner]
-        mx[:] = blk[:inner]
+        for i in range(inner):  # (an element loop: an array slice assignment compiles a shape-error path)
+            mx[i] = blk[i]
         sm[:] = 0.0
         for j in range(1, n):
             row = blk[j * inner : (j + 1) * inner]
