@@ -29,6 +29,7 @@ from byoc.errors import (
 from byoc.runtime.bundle import load
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.control import CancelHandle
+from byoc.jitcache import warmup
 
 __version__ = "0.1.0"
 
@@ -62,4 +63,5 @@ __all__ = [
     "__version__",
     "compile",
     "load",
+    "warmup",
 ]

@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     from byoc.testing.commands import add_commands as add_testing_commands  # conformance, new-plugin
 
     add_testing_commands(sub)
+    from byoc.jitcache import add_command as add_warmup_command  # warmup
+
+    add_warmup_command(sub)
     return parser
 
 

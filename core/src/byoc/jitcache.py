@@ -83,16 +83,27 @@ class _Builder:
 
 def _conv() -> onnx.ModelProto:
     b = _Builder("warmup_conv", [1, 8, 32, 32])
-    b.conv("x", 8, 16, 7, stride=2, pad=3)  # ResNet stem
-    b.conv("x", 8, 16, 11, stride=4, pad=2)  # AlexNet stem
-    b.conv("x", 8, 16, 1)  # pointwise (a GEMM)
-    b.conv("x", 8, 16, 1, stride=2, bias=False)
-    b.conv("x", 8, 16, 3, pad=1)
-    b.conv("x", 8, 16, 3, stride=2, pad=1)
-    b.conv("x", 8, 16, 3)
-    b.conv("x", 8, 16, 5, pad=2)
-    b.conv("x", 8, 8, 3, pad=1, group=8)  # depthwise
-    b.conv("x", 8, 16, 1, group=4)  # grouped pointwise (ShuffleNet)
+    shapes = [
+        dict(c_out=16, k=7, stride=2, pad=3),  # ResNet stem
+        dict(c_out=16, k=11, stride=4, pad=2),  # AlexNet stem
+        dict(c_out=16, k=1),  # pointwise (a GEMM)
+        dict(c_out=16, k=1, stride=2, bias=False),
+        dict(c_out=16, k=3, pad=1),
+        dict(c_out=16, k=3, stride=2, pad=1),
+        dict(c_out=16, k=3),
+        dict(c_out=16, k=5, pad=2),
+        dict(c_out=8, k=3, pad=1, group=8),  # depthwise
+        dict(c_out=16, k=1, group=4),  # grouped pointwise (ShuffleNet)
+    ]
+    for kw in shapes:
+        b.conv("x", 8, **kw)
+    # the same again followed by BatchNormalization: folding gives writable weights, which
+    # Numba compiles separately from the read-only ones the frontend hands out
+    for kw in shapes:
+        y = b.conv("x", 8, **kw)
+        c = kw["c_out"]
+        b.outputs.remove(y)
+        b.op("BatchNormalization", [y, b.w([c], True), b.w([c]), b.w([c]), b.w([c], True)])
     return b.model()
 
 
@@ -264,7 +275,7 @@ def _in_workers(names: list[str], targets: Sequence[str], jobs: int, say: Callab
     """Run each family in a worker process, ``jobs`` at a time (their results land in the shared cache)."""
     pending = list(names)
     running: list[tuple[str, subprocess.Popen, float]] = []
-    code = "import sys, byoc.warmup as w; r = w.run_family(sys.argv[1], sys.argv[2:]); sys.exit(1 if r.error else 0)"
+    code = "import sys, byoc.jitcache as w; r = w.run_family(sys.argv[1], sys.argv[2:]); sys.exit(1 if r.error else 0)"
     while pending or running:
         while pending and len(running) < jobs:
             name = pending.pop(0)
