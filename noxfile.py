@@ -1,4 +1,4 @@
-"""Developer sessions: `nox -s demo` (the main job), `bench`, `fuzz`, `lint`, `tests`, `gpu`."""
+"""Developer sessions: `nox -s demo` (the main job), `bench`, `warmup`, `fuzz`, `lint`, `tests`, `gpu`."""
 
 from __future__ import annotations
 
@@ -31,6 +31,14 @@ def bench(session: nox.Session) -> None:
     """byoc vs onnxruntime on the nine model-zoo architectures (medians, cold and warm)."""
     _install(session)
     session.run("python", "benchmarks/bench_models.py", *session.posargs)
+
+
+@nox.session
+def warmup(session: nox.Session) -> None:
+    """Fill the Numba cache for the common host kernels (`-- --jobs 4`, `-- --target cpu`); then time a first run."""
+    _install(session)
+    session.run("byoc", "warmup", *session.posargs)
+    session.run("python", "benchmarks/startup_bench.py", "--first-run-only")
 
 
 @nox.session

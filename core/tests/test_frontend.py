@@ -122,18 +122,27 @@ def test_version_converter_failure_is_a_warning(monkeypatch):
     assert model.opset_imports[""] == 11
 
 
-def test_converter_output_failing_the_checker_is_a_warning(monkeypatch):
+def test_converter_output_failing_the_structural_checks_is_a_warning(monkeypatch):
+    # the ONNX checker runs once, before the converter; its output gets byoc's own checks
     def broken(proto, version):
         out = onnx.ModelProto()
         out.CopyFrom(proto)
         out.opset_import[0].version = version
-        out.graph.node[0].attribute.append(h.make_attribute("bogus", 1))
+        out.graph.node[0].input.append("nowhere")
         return out
 
     monkeypatch.setattr(onnx.version_converter, "convert_version", broken)
-    with pytest.warns(ModelConversionWarning, match="fails the ONNX checker"):
+    with pytest.warns(ModelConversionWarning, match="converted model is invalid.*nowhere"):
         model = _load(_relu(opset=11))
     assert model.opset_imports[""] == 11
+
+
+def test_the_checker_runs_once(monkeypatch):
+    calls = []
+    real = onnx.checker.check_model
+    monkeypatch.setattr(onnx.checker, "check_model", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert _load(_relu(opset=9)).opset_imports[""] == CANONICAL_OPSET
+    assert len(calls) == 1
 
 
 def test_checker_failure_is_model_validation_error():

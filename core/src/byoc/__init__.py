@@ -30,6 +30,7 @@ from byoc.errors import (
 from byoc.bundle.loader import load
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.control import CancelHandle
+from byoc.jitcache import warmup
 
 
 __all__ = [
@@ -66,4 +67,5 @@ __all__ = [
     "doctor",
     "info",
     "load",
+    "warmup",
 ]

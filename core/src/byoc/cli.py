@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     from byoc.testing.commands import add_commands as add_testing_commands  # conformance, new-plugin
 
     add_testing_commands(sub)
+    from byoc.jitcache import add_command as add_warmup_command  # warmup
+
+    add_warmup_command(sub)
     for child in sub.choices.values():
         _common_args(child, top=False)
     return parser

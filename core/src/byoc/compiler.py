@@ -41,7 +41,7 @@ from byoc.progress import Stages
 from byoc.progress import stages as progress_stages
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.plan import build_plan
-from byoc.runtime.specialize import has_symbolic_inputs, specialise
+from byoc.runtime.specialize import has_symbolic_inputs, has_symbolic_ir_inputs, specialise
 
 
 def resolve_targets(registry: Registry, targets: Sequence[str] | None) -> list[Target]:
@@ -111,7 +111,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     options = resolve_options(selected, target_options)
 
     ir_model = _load(model, budget, require_kernels=not selected)
-    if any(t.shape_policy != "dynamic" for t in selected):
+    if any(t.shape_policy != "dynamic" for t in selected) and has_symbolic_ir_inputs(ir_model):
         proto = ir.to_proto(ir_model)
         if has_symbolic_inputs(proto):
             if calibration is not None and any(t.needs_calibration for t in selected):

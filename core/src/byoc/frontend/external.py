@@ -22,6 +22,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from onnx import ModelProto, TensorProto
 
@@ -101,18 +102,28 @@ class ExternalData:
                     e.key, e.value = key, value
                 t.data_location = TensorProto.EXTERNAL
 
-    def fill(self) -> None:
-        """Read every external tensor into its ``raw_data`` and drop the external reference."""
+    def fill(self, hold: Callable[[TensorProto, str], bool] | None = None) -> list[tuple[TensorProto, bytes]]:
+        """Read every external tensor into its ``raw_data`` and drop the external reference.
+
+        The tensors that ``hold(tensor, what)`` selects are not filled: they are returned with
+        their bytes, for the caller to keep outside the proto (see :mod:`byoc.frontend.weights`).
+        """
+        held = []
         for r in self._reads:
             data = _pread_exact(r)
             t = r.tensor
+            if hold is not None and hold(t, r.what):
+                held.append((t, data))
+                continue
             t.ClearField("external_data")
             t.data_location = TensorProto.DEFAULT
             t.raw_data = data
         self.close()
+        return held
 
 
-def prepare(proto: ModelProto, base_dir: str | os.PathLike | None, *, budget: Budget) -> ExternalData | None:
+def prepare(proto: ModelProto, base_dir: str | os.PathLike | None, *, budget: Budget,
+            skip: Callable[[TensorProto, str], bool] | None = None) -> ExternalData | None:
     """Validate every external tensor of ``proto`` and open its file; ``None`` if there are none.
 
     Call after :func:`byoc.frontend.validate.check_structure`.
@@ -120,8 +131,12 @@ def prepare(proto: ModelProto, base_dir: str | os.PathLike | None, *, budget: Bu
     :raises ExternalDataError: a location escapes the model folder, is a link, is not a
         regular file, or its offset/length do not fit the file or the tensor.
     :raises ResourceLimitError: a declared length is over ``budget.max_tensor_bytes``.
+
+    ``skip(tensor, what)`` leaves out the tensors it selects (byoc's own weight stubs).
     """
     tensors = validate.external_tensors(proto)
+    if skip is not None:
+        tensors = [ext for ext in tensors if not skip(ext.tensor, ext.what)]
     if not tensors:
         return None
     if base_dir is None:

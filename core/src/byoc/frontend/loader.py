@@ -5,15 +5,21 @@ The order of the steps is part of the safety design:
 
 1. read and parse the protobuf (size-limited; empty, truncated, corrupt input refused);
 2. :func:`validate.check_text`: every string field is valid UTF-8;
-3. :func:`validate.check_structure`: node/nesting/tensor budgets on *declared* sizes, tensor
+3. :func:`weights.skeleton`: a weight-less copy of the model (big float initializers become
+   stubs that keep name, type and dims; their payloads are read once and kept aside), on
+   which every following step works, so no weight is serialised or copied again;
+4. :func:`validate.check_structure`: node/nesting/tensor budgets on *declared* sizes, tensor
    payloads against dims/dtype, duplicate and dangling names, cycles; graphs get sorted;
-4. :func:`external.prepare`: every external data reference is checked and its file opened;
-5. the ONNX checker (its failures become :class:`ModelValidationError`; inputs/outputs of
+5. :func:`external.prepare`: every external data reference is checked and its file opened;
+6. the ONNX checker, once (its failures become :class:`ModelValidationError`; inputs/outputs of
    unknown rank are accepted);
-6. external data is read into the tensors;
-7. older opsets are converted to :data:`CANONICAL_OPSET` (a failure is a warning);
-8. one error listing every node without a kernel (nodes with an operator unknown to ONNX are
-   reported this way before the checker runs), then conversion to ``onnx_ir``.
+7. external data is read (big float weights are kept aside as well);
+8. older opsets are converted to :data:`CANONICAL_OPSET` (a failure is a warning); a model
+   already at that opset or newer is not converted; the converter's output gets the checks of
+   steps 2 and 4;
+9. one error listing every node without a kernel (nodes with an operator unknown to ONNX are
+   reported this way before the checker runs), then conversion to ``onnx_ir``, and the weights
+   are attached to it as read-only arrays over the bytes read in step 3 or 7.
 
 The C++ checker and version converter therefore only ever see structurally sound models;
 the converter additionally only gets models the checker accepts, even with ``check=False``
@@ -34,10 +40,13 @@ import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget, _fmt_bytes
 from byoc.errors import ByocError, ModelLoadError, ModelValidationError, ResourceLimitError
-from byoc.frontend import external, validate
+from byoc.frontend import external, validate, weights
 
 #: every model is converted to this opset of the default domain when it is older
 CANONICAL_OPSET = 21
+
+#: a stub size no tensor reaches: nothing is stubbed
+_NEVER = 1 << 62
 
 #: protobuf cannot parse or serialise a message of 2 GiB or more
 _PROTOBUF_LIMIT = (1 << 31) - 1
@@ -50,7 +59,11 @@ class ModelConversionWarning(UserWarning):
 
 
 def _read_proto(model: ModelLike, budget: Budget) -> tuple[onnx.ModelProto, str, Path | None]:
-    """Return ``(private copy of the proto, how messages name it, folder of the model file)``."""
+    """Return ``(the proto, how messages name it, folder of the model file)``.
+
+    A given ``ModelProto`` is returned as it is: the caller only ever reads it (the loader works
+    on a skeleton copy, :func:`byoc.frontend.weights.skeleton`).
+    """
     if isinstance(model, ir.Model):
         try:
             proto = ir.to_proto(model)
@@ -58,9 +71,7 @@ def _read_proto(model: ModelLike, budget: Budget) -> tuple[onnx.ModelProto, str,
             raise ModelLoadError(f"cannot serialise the onnx_ir.Model: {type(exc).__name__}: {exc}") from None
         return proto, "<onnx_ir.Model>", _ir_base_dir(model)
     if isinstance(model, onnx.ModelProto):
-        proto = onnx.ModelProto()
-        proto.CopyFrom(model)  # never modify the caller's proto
-        return proto, "<ModelProto>", None
+        return model, "<ModelProto>", None
     if isinstance(model, (bytes, bytearray, memoryview)):
         return _parse(bytes(model), "<bytes>"), "<bytes>", None
     if isinstance(model, (str, os.PathLike)):
@@ -173,30 +184,44 @@ def _shapes_relaxed(proto: onnx.ModelProto):
             vi.type.tensor_type.ClearField("shape")
 
 
-def _convert_opset(proto: onnx.ModelProto, version: int, budget: Budget) -> onnx.ModelProto | None:
-    """Convert the default domain to :data:`CANONICAL_OPSET`; on failure warn and return ``None``."""
-
-    def give_up(why: str) -> None:
-        warnings.warn(
-            f"could not convert the model from opset {version} to {CANONICAL_OPSET} ({why}); "
-            f"running it at opset {version}",
-            ModelConversionWarning,
-            stacklevel=4,
-        )
-        return None
-
+def _try_convert(proto: onnx.ModelProto, budget: Budget) -> tuple[onnx.ModelProto | None, str]:
+    """Convert the default domain to :data:`CANONICAL_OPSET`: ``(converted, "")`` or ``(None, why)``."""
     if proto.ByteSize() > _PROTOBUF_LIMIT:
-        return give_up("the model is over the 2 GiB the converter can handle")
+        return None, "the model is over the 2 GiB the converter can handle"
     try:
         converted = onnx.version_converter.convert_version(proto, CANONICAL_OPSET)
     except Exception as exc:  # the converter raises bare RuntimeError/ValueError/IndexError
-        return give_up(f"{type(exc).__name__}: {exc}")
+        return None, f"{type(exc).__name__}: {exc}"
     # the converter's output must pass the same checks as its input did
     try:
         validate.check_text(converted, origin="<converted model>")
         validate.check_structure(converted, budget=budget)
     except ByocError as exc:
-        return give_up(f"the converted model is invalid: {exc}")
+        return None, f"the converted model is invalid: {exc}"
+    return converted, ""
+
+
+def _convert_opset(proto: onnx.ModelProto, held: weights.Weights, version: int, budget: Budget,
+                   origin: str) -> onnx.ModelProto:
+    """``proto`` converted to :data:`CANONICAL_OPSET`, or ``proto`` itself with a warning when that fails.
+
+    The weight-less skeleton is converted first; if the converter fails on it or touches a
+    stub, the weights go back into ``proto`` (emptying ``held``) and the full model is converted.
+    """
+    if len(held):
+        converted, why = _try_convert(proto, budget)
+        if converted is not None and held.converted_intact(converted):
+            return converted
+        held.materialise(proto)
+    converted, why = _try_convert(proto, budget)
+    if converted is None:
+        warnings.warn(
+            f"{origin}: could not convert the model from opset {version} to {CANONICAL_OPSET} ({why}); "
+            f"running it at opset {version}",
+            ModelConversionWarning,
+            stacklevel=3,
+        )
+        return proto
     return converted
 
 
@@ -207,16 +232,20 @@ def load_model(
     check: bool = True,
     require_kernels: bool = True,
     base_dir: str | os.PathLike | None = None,
+    stub_min_bytes: int | None = weights.STUB_MIN_BYTES,
 ) -> ir.Model:
     """Load, validate and convert ``model`` into an ``onnx_ir.Model`` at the canonical opset.
 
     :param model: a path, the serialised bytes, an ``onnx.ModelProto`` or an ``onnx_ir.Model``.
-        A given ``ModelProto`` is copied, never modified.
+        A given ``ModelProto`` is neither copied nor modified.
     :param budget: resource limits checked before any tensor data is materialised.
     :param check: run the ONNX checker (on by default).
     :param require_kernels: refuse operators that have no host kernel (on by default).
     :param base_dir: the folder that holds external data files; defaults to the model file's
         folder (a model given in memory with external data needs it).
+    :param stub_min_bytes: float initializers of at least this many bytes bypass the ONNX
+        checker and version converter (see :mod:`byoc.frontend.weights`); ``None`` sends every
+        weight through them (slow; the result is the same).
     :raises ModelLoadError: unreadable, empty or truncated input; invalid UTF-8 text.
     :raises ExternalDataError: external data that escapes the model folder or does not fit.
     :raises ModelValidationError: invalid graph (cycle, dangling or duplicate names, bad tensors,
@@ -225,31 +254,36 @@ def load_model(
     :raises UnsupportedOperatorError: lists every node whose operator byoc cannot run.
     """
     budget = budget or DEFAULT_BUDGET
-    proto, origin, model_dir = _read_proto(model, budget)
+    min_bytes = _NEVER if stub_min_bytes is None else stub_min_bytes
+    source, origin, model_dir = _read_proto(model, budget)
     if base_dir is not None:
         model_dir = Path(base_dir)
-    validate.check_text(proto, origin=origin)
+    validate.check_text(source, origin=origin)
+    # the checks, the checker and the converter work on a weight-less skeleton of the model
+    proto, held = weights.skeleton(source, min_bytes)
+    del source
     validate.check_structure(proto, budget=budget)
     if require_kernels:
         # an operator or domain ONNX does not know would fail the checker: report it as unsupported
         validate.check_supported_proto(proto, only_if_unknown=True)
-    ext = external.prepare(proto, model_dir, budget=budget)
+    ext = external.prepare(proto, model_dir, budget=budget, skip=held.is_held_stub)
     version = _default_opset(proto)
     convert = version is not None and version < CANONICAL_OPSET
     try:
-        with ext.stubbed() if ext is not None else contextlib.nullcontext(), _shapes_relaxed(proto):
+        with ext.stubbed() if ext is not None else contextlib.nullcontext(), held.checker_view(), \
+                _shapes_relaxed(proto):
             # The checker runs before any external data is read, and always before the C++
             # version converter, which can crash the process on a model the checker refuses.
             problem = _checker_error(proto) if (check or convert) else None
         if problem is not None and check:
             raise ModelValidationError(f"{origin}: the ONNX checker rejects the model: {problem}")
         if ext is not None:
-            ext.fill()
+            for tensor, data in ext.fill(hold=lambda t, what: weights.holdable(t, what, min_bytes, held)):
+                held.take_bytes(tensor, data)
     finally:
         if ext is not None:
             ext.close()
     if convert:
-        converted = None
         if problem is not None:  # only with check=False
             warnings.warn(
                 f"{origin}: not converting the model from opset {version} to {CANONICAL_OPSET}: the ONNX checker "
@@ -258,23 +292,12 @@ def load_model(
                 stacklevel=2,
             )
         else:
-            converted = _convert_opset(proto, version, budget)
-        if converted is not None:
-            with _shapes_relaxed(converted):
-                problem = _checker_error(converted)
-            if problem is None:
-                proto = converted
-            else:  # a converter bug: the original passed the checker
-                warnings.warn(
-                    f"{origin}: the model converted from opset {version} to {CANONICAL_OPSET} fails the ONNX checker "
-                    f"({problem}); running it at opset {version}",
-                    ModelConversionWarning,
-                    stacklevel=2,
-                )
+            proto = _convert_opset(proto, held, version, budget, origin)
     if require_kernels:
         validate.check_supported_proto(proto)  # after conversion: e.g. Upsample has become Resize
     try:
         model_ir = ir.from_proto(proto)
+        held.attach(model_ir)
     except Exception as exc:
         raise ModelLoadError(f"{origin}: cannot convert the model to byoc's IR: {type(exc).__name__}: {exc}") from None
     return model_ir

@@ -401,38 +401,44 @@ def make_clip(spec: NodeSpec):
 
 # reassociation lets the row sums vectorise; NaN/inf semantics stay IEEE
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
+def k_softmax_rows(x, out, n, inner, log, start, stop):
+    """:func:`k_softmax` for ``inner == 1`` (the last axis): its own kernel, so a model compiles
+    only the loops it uses (each body costs about a second of Numba compilation on a first run)."""
+    for o in range(start, stop):
+        row = x[o * n : (o + 1) * n]
+        orow = out[o * n : (o + 1) * n]
+        # a NaN in the row need not reach m: exp(NaN - m) makes the sum, so the row, NaN
+        m = row[0]
+        for j in range(1, n):
+            v = row[j]
+            m = v if v > m else m
+        s = 0.0  # float64 sum
+        for j in range(n):
+            e = fexp(row[j] - m)
+            s += e
+            if not log:
+                orow[j] = e
+        if log:
+            ls = np.log(s)
+            for j in range(n):
+                orow[j] = row[j] - m - ls
+        else:
+            inv = 1.0 / s
+            for j in range(n):
+                orow[j] = orow[j] * inv
+
+
+# reassociation lets the row sums vectorise; NaN/inf semantics stay IEEE
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
 def k_softmax(x, out, n, inner, log, start, stop):
     """Softmax (``log`` False) or LogSoftmax over the middle axis of ``(outer, n, inner)``."""
-    if inner == 1:
-        for o in range(start, stop):
-            row = x[o * n : (o + 1) * n]
-            orow = out[o * n : (o + 1) * n]
-            # a NaN in the row need not reach m: exp(NaN - m) makes the sum, so the row, NaN
-            m = row[0]
-            for j in range(1, n):
-                v = row[j]
-                m = v if v > m else m
-            s = 0.0  # float64 sum
-            for j in range(n):
-                e = fexp(row[j] - m)
-                s += e
-                if not log:
-                    orow[j] = e
-            if log:
-                ls = np.log(s)
-                for j in range(n):
-                    orow[j] = row[j] - m - ls
-            else:
-                inv = 1.0 / s
-                for j in range(n):
-                    orow[j] = orow[j] * inv
-        return
     mx = np.empty(inner, x.dtype)
     sm = np.empty(inner, np.float64)
     for o in range(start, stop):
         blk = x[o * n * inner : (o + 1) * n * inner]
         oblk = out[o * n * inner : (o + 1) * n * inner]
-        mx[:] = blk[:inner]
+        for i in range(inner):  # (an element loop: an array slice assignment compiles a shape-error path)
+            mx[i] = blk[i]
         sm[:] = 0.0
         for j in range(1, n):
             row = blk[j * inner : (j + 1) * inner]
@@ -505,7 +511,7 @@ def _make_softmax(spec: NodeSpec, log: bool):
         out = spec.alloc.empty(xc.shape, xc.dtype)
         if out.size:
             args = (xc.reshape(-1), out.reshape(-1), n, inner, log)
-            run_ranges(k_softmax, outer, args, unit_cost=n * inner * _HEAVY)
+            run_ranges(k_softmax_rows if inner == 1 else k_softmax, outer, args, unit_cost=n * inner * _HEAVY)
         return (out if out.dtype == x.dtype else out.astype(x.dtype),)
 
     return run

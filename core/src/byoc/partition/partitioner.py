@@ -145,19 +145,28 @@ def outline(region: Region, model: ir.Model) -> None:
             entry = proto.metadata_props.add()
             entry.key, entry.value = "byoc.pattern", region.patterns[node.name]
         node_protos.append(proto)
+    # the constants go in as data-less stubs and the body shares their tensors afterwards:
+    # outlining never copies weights
+    stubs = []
+    for v in consts:
+        stub = onnx.TensorProto(name=v.name, data_type=v.const_value.dtype.value, dims=v.const_value.shape.numpy())
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        stub.external_data.add(key="location", value="<byoc: outlined constant>")
+        stubs.append(stub)
     graph = onnx.helper.make_graph(
         node_protos,
         region.name,
         [ir.serde.serialize_value(v) for v in inputs],
         [ir.serde.serialize_value(v) for v in outputs],
-        [ir.serde.serialize_tensor(v.const_value) for v in consts],
+        stubs,
     )
-    for init, v in zip(graph.initializer, consts):
-        init.name = v.name
     opsets = [onnx.helper.make_opsetid(d, ver) for d, ver in sorted(model.graph.opset_imports.items())]
     proto = onnx.helper.make_model(graph, opset_imports=opsets, producer_name="byoc")
     proto.ir_version = max(model.ir_version, 8)
     region.model = ir.from_proto(proto)
+    body = region.model.graph.initializers
+    for v in consts:
+        body[v.name].const_value = v.const_value
 
 
 class Partitioner:

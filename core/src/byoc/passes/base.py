@@ -33,7 +33,11 @@ def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
         i += 1
         name = f"{base}_{i}"
     # (np.ascontiguousarray turns a 0-d array into shape (1,); keep scalars scalar)
-    tensor = ir.tensor(np.ascontiguousarray(array).reshape(np.shape(array)), name=name)
+    array = np.ascontiguousarray(array).reshape(np.shape(array))
+    if array.dtype.kind in "biuf" and array.dtype.isnative:
+        tensor = ir.Tensor(array, name=name)  # wraps the array, no copy
+    else:
+        tensor = ir.tensor(array, name=name)
     value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
     graph.register_initializer(value)
     return value

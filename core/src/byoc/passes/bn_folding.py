@@ -50,7 +50,9 @@ def _fold_conv(node: ir.Node, bn: ir.Node, s: np.ndarray, shift: np.ndarray) -> 
     b = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else np.zeros(w.shape[0])
     if b is None:
         return None
-    w2 = (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(np.float32)
+    # the weights are scaled in float32 (one pass over them, no float64 copies): the factors are
+    # computed in float64 and rounded once, so each folded weight is within one ulp
+    w2 = w * s.astype(np.float32).reshape((-1,) + (1,) * (w.ndim - 1))
     b2 = (b.astype(np.float64) * s + shift).astype(np.float32)
     return [w2, b2]
 
@@ -68,9 +70,10 @@ def _fold_gemm(node: ir.Node, bn: ir.Node, s: np.ndarray, shift: np.ndarray) -> 
     c = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else np.zeros(n_out)
     if c is None or c.size not in (1, n_out) or (c.ndim == 2 and c.shape[0] != 1):
         return None
-    b2 = b.astype(np.float64) * (s[:, None] if trans_b else s[None, :])
+    s32 = s.astype(np.float32)
+    b2 = b * (s32[:, None] if trans_b else s32[None, :])
     c2 = beta * np.broadcast_to(c.astype(np.float64).reshape(-1), (n_out,)) * s + shift
-    return [b2.astype(np.float32), c2.astype(np.float32)]
+    return [b2, c2.astype(np.float32)]
 
 
 def fold_batchnorm(model: ir.Model, ctx: PassContext) -> bool:

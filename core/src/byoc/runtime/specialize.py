@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 
 if TYPE_CHECKING:  # pragma: no cover
+    import onnx_ir as ir
+
     from byoc.contract import Target
     from byoc.runtime.compiled import CompiledModel
 
@@ -36,6 +38,19 @@ def has_symbolic_inputs(proto: onnx.ModelProto) -> bool:
         if not tt.HasField("shape"):
             return True
         if any(not d.HasField("dim_value") for d in tt.shape.dim):
+            return True
+    return False
+
+
+def has_symbolic_ir_inputs(model: "ir.Model") -> bool:
+    """:func:`has_symbolic_inputs` on the IR, without serialising the model and its weights."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    for value in graph.inputs:
+        if value.name in graph.initializers or not isinstance(value.type, ir.TensorType):
+            continue
+        if value.shape is None or any(not isinstance(d, int) for d in value.shape):
             return True
     return False
 

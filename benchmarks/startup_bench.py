@@ -1,0 +1,169 @@
+"""Time to first result: byoc compile and first-run times next to onnxruntime session creation.
+
+The table of issue 19, re-measured:
+
+* warm compile (same process, caches warm, median of ``--repeats``): ResNet-50 on the host and
+  with the ``cpu`` target, VGG-19 on the host; onnxruntime's session creation beside them;
+* fresh install: a new process with an empty ``NUMBA_CACHE_DIR`` (and an empty byoc-cpu cache)
+  compiles ResNet-50 and runs it once (median of ``--cold-repeats`` processes);
+* after ``byoc warmup``: the same in a new process whose empty cache was first filled by
+  ``byoc warmup``.
+
+Each figure is wall time, with the CPU time of the process beside it (on a shared, busy
+machine the CPU time is the steadier of the two).
+
+    python benchmarks/startup_bench.py                  # everything (a few minutes)
+    python benchmarks/startup_bench.py --warm-only      # only the in-process figures
+    python benchmarks/startup_bench.py --first-run-only # compile + first run with the current cache
+    python benchmarks/startup_bench.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+#: run in a fresh process: import byoc, compile the model, run it once; prints one JSON line
+_CHILD = r"""
+import json, sys, time
+w0, c0 = time.perf_counter(), time.process_time()
+import byoc
+from byoc.testing.zoo import load_zoo, zoo_inputs
+w1, c1 = time.perf_counter(), time.process_time()
+model = load_zoo(sys.argv[1]); feeds = zoo_inputs(model)
+targets = [t for t in sys.argv[2].split(",") if t]
+w2, c2 = time.perf_counter(), time.process_time()
+compiled = byoc.compile(model, targets=targets)
+w3, c3 = time.perf_counter(), time.process_time()
+compiled.run(feeds)
+w4, c4 = time.perf_counter(), time.process_time()
+print(json.dumps({"import": [w1 - w0, c1 - c0], "compile": [w3 - w2, c3 - c2], "first_run": [w4 - w3, c4 - c3],
+                  "compile_and_first_run": [w4 - w2, (c4 - c3) + (c3 - c2)]}))
+"""
+
+
+def _median_pair(samples: list[list[float]]) -> list[float]:
+    return [statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)]
+
+
+def warm_compile(name: str, targets: list[str], repeats: int) -> list[float]:
+    """Median [wall, cpu] seconds of ``byoc.compile`` with warm caches, in this process."""
+    import byoc
+    from byoc.testing.zoo import load_zoo, zoo_inputs
+
+    model = load_zoo(name)
+    byoc.compile(model, targets=targets).run(zoo_inputs(model))  # kernels and plugin caches warm
+    samples = []
+    for _ in range(repeats):
+        w, c = time.perf_counter(), time.process_time()
+        byoc.compile(model, targets=targets)
+        samples.append([time.perf_counter() - w, time.process_time() - c])
+    return _median_pair(samples)
+
+
+def ort_session(name: str, repeats: int) -> list[float]:
+    import onnxruntime as ort
+
+    from byoc.testing.zoo import load_zoo
+
+    data = load_zoo(name).SerializeToString()
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    samples = []
+    for _ in range(repeats + 1):
+        w, c = time.perf_counter(), time.process_time()
+        ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+        samples.append([time.perf_counter() - w, time.process_time() - c])
+    return _median_pair(samples[1:])
+
+
+def _child(name: str, targets: list[str], env: dict[str, str]) -> dict:
+    out = subprocess.run([sys.executable, "-c", _CHILD, name, ",".join(targets)], env=env, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _fresh_env(folder: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["NUMBA_CACHE_DIR"] = os.path.join(folder, "numba")
+    env["BYOC_CPU_CACHE"] = os.path.join(folder, "byoc-cpu")
+    return env
+
+
+def fresh_install(name: str, targets: list[str], repeats: int, warm_first: bool) -> dict:
+    """Compile + first run in new processes with empty caches (optionally filled by ``byoc warmup``)."""
+    rows, warmups = [], []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="byoc-startup-") as folder:
+            env = _fresh_env(folder)
+            if warm_first:
+                w = time.perf_counter()
+                subprocess.run([sys.executable, "-m", "byoc.cli", "warmup", *(f"--target={t}" for t in targets)],
+                               env=env, check=True, capture_output=True)
+                warmups.append(time.perf_counter() - w)
+            rows.append(_child(name, targets, env))
+    out = {key: _median_pair([r[key] for r in rows]) for key in rows[0]}
+    if warmups:
+        out["warmup_wall"] = statistics.median(warmups)
+    return out
+
+
+def _fmt(pair: list[float] | None) -> str:
+    return "-" if pair is None else f"{pair[0]:.2f} s (cpu {pair[1]:.2f} s)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-r", "--repeats", type=int, default=5, help="warm compiles per row (median)")
+    parser.add_argument("--cold-repeats", type=int, default=1, help="fresh processes per cold row (median)")
+    parser.add_argument("--warm-only", action="store_true", help="only the in-process warm figures")
+    parser.add_argument("--first-run-only", action="store_true",
+                        help="only compile + first run of ResNet-50 in a new process with the current caches")
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+
+    results: dict = {}
+    if args.first_run_only:
+        results["resnet50 host, current caches"] = _child("resnet50", [], dict(os.environ))
+        print(json.dumps(results, indent=1))
+        return 0
+    rows = []
+    for label, name, targets in (("ResNet-50, host", "resnet50", []), ("ResNet-50, cpu", "resnet50", ["cpu"]),
+                                 ("VGG-19, host", "vgg19", [])):
+        try:
+            fig = warm_compile(name, targets, args.repeats)
+        except Exception as exc:  # e.g. byoc-cpu not installed
+            print(f"{label}: skipped ({type(exc).__name__}: {exc})", file=sys.stderr)
+            continue
+        ort = ort_session(name, args.repeats) if not targets else None
+        rows.append((f"`byoc.compile`, warm, {label}", fig, ort))
+        results[f"warm compile {label}"] = {"byoc": fig, "onnxruntime_session": ort}
+    if not args.warm_only:
+        for label, targets, warm_first in (("fresh install, host", [], False), ("fresh install, cpu", ["cpu"], False),
+                                           ("after `byoc warmup`, host", [], True)):
+            fig = fresh_install("resnet50", targets, args.cold_repeats, warm_first)
+            rows.append((f"ResNet-50 compile + first run, {label}", fig["compile_and_first_run"], None))
+            results[f"ResNet-50 {label}"] = fig
+    print("| step | byoc (wall, cpu) | onnxruntime session |")
+    print("|---|---|---|")
+    for label, fig, ort in rows:
+        print(f"| {label} | {_fmt(fig)} | {_fmt(ort)} |")
+    for key, fig in results.items():
+        if "compile_and_first_run" in fig:
+            parts = ", ".join(f"{k} {_fmt(v)}" for k, v in fig.items() if isinstance(v, list))
+            extra = f", warmup {fig['warmup_wall']:.1f} s" if "warmup_wall" in fig else ""
+            print(f"  {key}: {parts}{extra}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
