@@ -1,0 +1,140 @@
+"""byoc.ray on a local Ray cluster (2 CPUs): bit-identical to local runs, every row once when an
+actor is killed mid-run, the command line. Run by ``tox -e ray``; skipped where Ray is absent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.data")
+
+import byoc  # noqa: E402
+import byoc.ray  # noqa: E402
+from byoc.testing.zoo import load_zoo  # noqa: E402
+
+ROWS = 256
+INPUT = "data_0"  # SqueezeNet's input, [1, 3, 224, 224]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        # nothing Ray started is left behind (raylet, GCS, workers)
+        deadline = time.monotonic() + 30
+        while True:
+            left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
+                    and p.status() != psutil.STATUS_ZOMBIE]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert not left, f"processes left after ray.shutdown(): {[(p.pid, p.name()) for p in left]}"
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    """SqueezeNet with seeded random weights, compiled for the CPU plugin where installed."""
+    model = load_zoo("squeezenet", seed=0)
+    targets = ["cpu"] if any(t.name == "cpu" for t in byoc.list_targets()) else []
+    path = tmp_path_factory.mktemp("bundle") / "squeezenet.byoc"
+    byoc.compile(model, targets=targets).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def rows():
+    rng = np.random.default_rng(1)
+    return rng.standard_normal((ROWS, 1, 3, 224, 224), dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def local(bundle, rows):
+    """The same rows run one by one through the bundle in this process."""
+    model = byoc.load(bundle)
+    return np.stack([model.run({INPUT: row})["softmaxout_1"] for row in rows])
+
+
+def _dataset(rows):
+    return ray.data.from_items([{"row": i, INPUT: rows[i]} for i in range(len(rows))])
+
+
+def _by_row(ds) -> tuple[np.ndarray, np.ndarray]:
+    ids, outs = [], []
+    for batch in ds.iter_batches(batch_size=64, batch_format="numpy"):
+        ids.append(batch["row"])
+        outs.append(batch["softmaxout_1"])
+    ids, outs = np.concatenate(ids), np.concatenate(outs)
+    order = np.argsort(ids, kind="stable")
+    return ids[order], outs[order]
+
+
+def _cache_dir():
+    # the tox environment's warm Numba cache (a local folder); the default is a node-local temp folder
+    return os.environ.get("NUMBA_CACHE_DIR")
+
+
+def test_predict_equals_local_bit_for_bit(cluster, bundle, rows, local):
+    out = byoc.ray.predict(_dataset(rows), bundle, batch_size=16, concurrency=2, numba_cache_dir=_cache_dir())
+    ids, got = _by_row(out)
+    assert ids.tolist() == list(range(ROWS))
+    assert got.shape == local.shape and got.dtype == local.dtype
+    assert got.tobytes() == local.tobytes()
+    assert set(out.columns()) == {"row", "softmaxout_1"}  # the input column is dropped, ids kept
+
+
+def test_actor_killed_mid_run_every_row_once(cluster, bundle, rows, local, tmp_path):
+    marker = str(tmp_path / "killed")
+
+    class DyingPredictor(byoc.ray.BundlePredictor):
+        """Kills its own process (SIGKILL, no clean-up) on its third batch, once per test."""
+
+        def __call__(self, batch):
+            self.batches = getattr(self, "batches", 0) + 1
+            if self.batches == 3:
+                try:
+                    fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    pass
+                else:
+                    os.write(fd, f"{os.getpid()} {self.rows}".encode())
+                    os.close(fd)
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return super().__call__(batch)
+
+    out = byoc.ray.predict(_dataset(rows), bundle, batch_size=8, concurrency=2, numba_cache_dir=_cache_dir(),
+                           predictor=DyingPredictor)
+    ids, got = _by_row(out)
+    assert os.path.exists(marker), "no actor was killed"
+    pid, done = map(int, open(marker).read().split())
+    assert 0 < done < ROWS  # killed mid-run, after it had finished batches of its own
+    assert ids.tolist() == list(range(ROWS))  # every row exactly once
+    assert got.tobytes() == local.tobytes()
+
+
+def test_resources_follow_the_bundle(bundle):
+    request = byoc.ray.bundle_resources(bundle, num_cpus=2)
+    assert request == {"num_cpus": 2}  # CPU targets and the host need no resource of their own
+    assert byoc.ray._resources({"jetson": "gpu", "vitis": "dpu", "cpu": "cpu"}, 1) == {
+        "num_cpus": 1, "num_gpus": 1, "dpu": 1}
+    assert byoc.ray._remote_args({"num_cpus": 1, "num_gpus": 0, "dpu": 1, "npu": 0}) == {
+        "num_cpus": 1, "num_gpus": 0, "resources": {"dpu": 1}}
+    with pytest.raises(byoc.OptionError, match="dpu"):
+        byoc.ray._remote_args({"dpu": -1})
+
+
+def test_tampered_bundle_refused_on_the_driver(cluster, bundle, rows, tmp_path):
+    data = bytearray(bundle.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    with pytest.raises(byoc.BundleError):
+        byoc.ray.predict(_dataset(rows[:2]), bytes(data))
