@@ -138,3 +138,32 @@ def test_tampered_bundle_refused_on_the_driver(cluster, bundle, rows, tmp_path):
     data[len(data) // 2] ^= 0xFF
     with pytest.raises(byoc.BundleError):
         byoc.ray.predict(_dataset(rows[:2]), bytes(data))
+
+
+def test_cli_npy_folder_and_parquet(cluster, bundle, rows, local, tmp_path, capsys):
+    from byoc.cli import main
+
+    src = tmp_path / "in"
+    src.mkdir()
+    np.save(src / f"{INPUT}.npy", rows[:4])  # rows along the first axis
+    out = tmp_path / "out-npy"
+    assert main(["run", str(bundle), "--ray", "-i", str(src), "-o", str(out), "--npy", "--batch-size", "2"]) == 0
+    for i in range(4):  # the same file names as a local `byoc run -o DIR`
+        got = np.load(out / str(i) / "softmaxout_1.npy", allow_pickle=False)
+        assert got.tobytes() == local[i].tobytes()
+
+    parquet = tmp_path / "in.parquet"
+    _dataset(rows[:4]).repartition(1).write_parquet(str(parquet))
+    out = tmp_path / "out-parquet"
+    assert main(["run", str(bundle), "--ray", "-i", str(parquet), "-o", str(out)]) == 0
+    assert "4 rows" in capsys.readouterr().out
+    ids, got = _by_row(ray.data.read_parquet(str(out)))
+    assert ids.tolist() == [0, 1, 2, 3]
+    assert got.tobytes() == local[:4].tobytes()
+
+
+def test_cli_bad_input_is_a_byoc_error(cluster, bundle, tmp_path, capsys):
+    from byoc.cli import main
+
+    assert main(["run", str(bundle), "--ray", "-i", str(tmp_path), "-o", str(tmp_path / "o")]) == 2
+    assert "InputError" in capsys.readouterr().err

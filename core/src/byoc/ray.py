@@ -98,10 +98,11 @@ def _bundle_bytes(bundle: "str | os.PathLike | bytes") -> tuple[bytes, str]:
         raise BundleError(f"{path}: cannot read the bundle: {exc}") from None
 
 
-def _bundle_devices(data: bytes, origin: str) -> dict[str, str]:
-    """Target name -> device kind for every target a region of the bundle uses (verified read)."""
+def _bundle_meta(data: bytes, origin: str) -> tuple[dict[str, str], list[str]]:
+    """(target name -> device kind for every target a region uses, output names), read and
+    verified (manifest, SHA-256 of every member) the way :func:`byoc.load` reads a bundle."""
     from byoc.budget import DEFAULT_BUDGET
-    from byoc.runtime.bundle import COMPILED, _parse_json, _Reader
+    from byoc.runtime.bundle import COMPILED, HOST_GRAPH, _parse_json, _parse_onnx, _Reader
 
     with tempfile.TemporaryDirectory(prefix="byoc-ray-") as tmp:
         path = Path(tmp) / "bundle.byoc"
@@ -109,8 +110,9 @@ def _bundle_devices(data: bytes, origin: str) -> dict[str, str]:
         reader = _Reader(path, DEFAULT_BUDGET)
         reader.origin = origin
         reader.read()
-    if COMPILED not in reader.members:
-        raise BundleError(f"{origin}: member {COMPILED!r} is missing")
+    for member in (COMPILED, HOST_GRAPH):
+        if member not in reader.members:
+            raise BundleError(f"{origin}: member {member!r} is missing")
     info = _parse_json(reader.members[COMPILED], COMPILED, origin)
     kinds = {t.get("name"): t.get("device") for t in info.get("targets") or [] if isinstance(t, dict)}
     used: dict[str, str] = {}
@@ -120,7 +122,8 @@ def _bundle_devices(data: bytes, origin: str) -> dict[str, str]:
             raise BundleError(f"{origin}: member {COMPILED!r}: a region without a target")
         device = kinds.get(target)
         used[target] = device if isinstance(device, str) and device else "accelerator"
-    return used
+    host = _parse_onnx(reader.members[HOST_GRAPH], HOST_GRAPH, origin, DEFAULT_BUDGET)
+    return used, [v.name for v in host.graph.outputs]
 
 
 def bundle_resources(bundle: "str | os.PathLike | bytes", *, num_cpus: float = 1) -> dict[str, float]:
@@ -135,7 +138,7 @@ def bundle_resources(bundle: "str | os.PathLike | bytes", *, num_cpus: float = 1
     :raises BundleError: the bundle cannot be read or fails verification.
     """
     data, origin = _bundle_bytes(bundle)
-    return _resources(_bundle_devices(data, origin), num_cpus)
+    return _resources(_bundle_meta(data, origin)[0], num_cpus)
 
 
 def _resources(devices: Mapping[str, str], num_cpus: float) -> dict[str, float]:
@@ -366,7 +369,7 @@ def predict(
     output_map = _name_map(outputs, "outputs")
 
     data, origin = _bundle_bytes(bundle)
-    request = _resources(_bundle_devices(data, origin), num_cpus)
+    request = _resources(_bundle_meta(data, origin)[0], num_cpus)
     request.update(resources or {})
     remote = _remote_args(request)
     threads = max(1, int(remote.get("num_cpus", num_cpus)))
@@ -394,3 +397,96 @@ def predict(
         runtime_env={"env_vars": env},
         **remote,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# `byoc run BUNDLE --ray --input DIR|FILE.parquet -o OUT`
+
+
+def _read_rows(ray, source: Path) -> "ray.data.Dataset":
+    """Parquet (a file or a folder of them), or a folder of ``NAME.npy`` (one per model input,
+    rows along the first axis; a ``row`` column numbers them)."""
+    if source.is_file() and source.suffix.lower() == ".parquet":
+        return ray.data.read_parquet(str(source))
+    if source.is_dir():
+        if any(source.glob("*.parquet")):
+            return ray.data.read_parquet(str(source))
+        npys = sorted(source.glob("*.npy"))
+        if npys:
+            arrays = {}
+            for f in npys:
+                try:
+                    arrays[f.stem] = np.load(f, allow_pickle=False)
+                except ValueError as exc:
+                    raise InputError(f"input {f.stem!r}: {f} is not a plain .npy array ({exc})") from None
+            counts = {name: (len(a) if a.ndim else 0) for name, a in arrays.items()}
+            if len(set(counts.values())) != 1 or 0 in counts.values():
+                raise InputError(f"{source}: every NAME.npy must hold the same number (> 0) of rows along its "
+                                 f"first axis; got {counts}")
+            n = next(iter(counts.values()))
+            return ray.data.from_items([{"row": i, **{k: a[i] for k, a in arrays.items()}} for i in range(n)])
+    raise InputError(f"--input {source}: expected FILE.parquet, a folder of Parquet files, or a folder of "
+                     f"NAME.npy files (one per model input, rows along the first axis)")
+
+
+def _write_npy(ds, out: Path, output_names: Sequence[str]) -> int:
+    from byoc.cli import _safe_filename
+
+    n = 0
+    for batch in ds.iter_batches(batch_size=256, batch_format="numpy"):
+        ids = batch.get("row")
+        size = len(batch[output_names[0]])
+        for i in range(size):
+            row = int(ids[i]) if ids is not None else n + i
+            folder = out / str(row)
+            folder.mkdir(parents=True, exist_ok=True)
+            for name in output_names:
+                np.save(folder / (_safe_filename(name) + ".npy"), np.asarray(batch[name][i]), allow_pickle=False)
+        n += size
+    return n
+
+
+def run_cli(args) -> int:
+    """``byoc run MODEL|BUNDLE --ray``: rows from ``--input``, outputs to ``-o`` (see cli.py)."""
+    import byoc
+    from byoc.runtime.bundle import is_bundle
+
+    ray = _import_ray()
+    sources = args.input or []
+    if len(sources) != 1 or not args.output_dir:
+        raise InputError("byoc run --ray needs one --input DIR|FILE.parquet and -o OUT")
+    if args.concurrency < 1 or args.batch_size < 1:
+        raise OptionError("--concurrency and --batch-size must be >= 1")
+    source, out = Path(sources[0]), Path(args.output_dir)
+    with tempfile.TemporaryDirectory(prefix="byoc-ray-") as tmp:
+        if is_bundle(args.model):
+            if args.target is not None:
+                raise InputError(f"{args.model} is a bundle: its targets were fixed when it was compiled; drop --target")
+            bundle = Path(args.model)
+        else:
+            bundle = byoc.compile(args.model, targets=args.target).save(Path(tmp) / "model.byoc")
+        started = not ray.is_initialized()
+        if started:
+            if args.address:
+                ray.init(address=args.address)
+            else:
+                ray.init(include_dashboard=False)
+        try:
+            ray.data.DataContext.get_current().execution_options.preserve_order = True
+            ds = _read_rows(ray, source)
+            # a local cluster runs on this node: its workers may share this process's Numba cache
+            cache = os.environ.get("NUMBA_CACHE_DIR") if not args.address else None
+            result = predict(ds, bundle, batch_size=args.batch_size, concurrency=args.concurrency,
+                             numba_cache_dir=cache, fallback="host" if args.host_fallback else None)
+            if args.npy:
+                names = _bundle_meta(*_bundle_bytes(bundle))[1]
+                n = _write_npy(result, out, names)
+                print(f"{n} rows: {out}/<row>/<output>.npy ({', '.join(names)})")
+            else:
+                result.write_parquet(str(out))
+                written = ray.data.read_parquet(str(out))  # Parquet metadata only
+                print(f"{written.count()} rows: {out}/ (Parquet; columns {', '.join(written.columns())})")
+        finally:
+            if started:
+                ray.shutdown()
+    return 0
