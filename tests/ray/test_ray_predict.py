@@ -21,25 +21,41 @@ ROWS = 256
 INPUT = "data_0"  # SqueezeNet's input, [1, 3, 224, 224]
 
 
+def _descendants() -> set[int]:
+    """Live (not zombie) processes below this one, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = set(), [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    import psutil
-
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    before = _descendants() if os.path.isdir("/proc") else None
+    ray.init(num_cpus=2, include_dashboard=False)
     try:
         yield
     finally:
         ray.shutdown()
-        # nothing Ray started is left behind (raylet, GCS, workers)
-        deadline = time.monotonic() + 30
-        while True:
-            left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
-                    and p.status() != psutil.STATUS_ZOMBIE]
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert not left, f"processes left after ray.shutdown(): {[(p.pid, p.name()) for p in left]}"
+        if before is not None:  # nothing Ray started is left behind (raylet, GCS, workers)
+            deadline = time.monotonic() + 30
+            while (left := _descendants() - before) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert not left, f"processes left after ray.shutdown(): {sorted(left)}"
 
 
 @pytest.fixture(scope="module")

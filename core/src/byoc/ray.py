@@ -403,15 +403,24 @@ def predict(
 # `byoc run BUNDLE --ray --input DIR|FILE.parquet -o OUT`
 
 
-def _read_rows(ray, source: Path) -> "ray.data.Dataset":
-    """Parquet (a file or a folder of them), or a folder of ``NAME.npy`` (one per model input,
-    rows along the first axis; a ``row`` column numbers them)."""
-    if source.is_file() and source.suffix.lower() == ".parquet":
-        return ray.data.read_parquet(str(source))
-    if source.is_dir():
-        if any(source.glob("*.parquet")):
-            return ray.data.read_parquet(str(source))
-        npys = sorted(source.glob("*.npy"))
+def _uri(path: str, remote: bool) -> str:
+    """A path for Ray's readers/writers: URIs as given; on a cluster a local path gets Ray's
+    ``local://`` prefix, so the files are read and written on the driver's node, not a worker's."""
+    if "://" in path or not remote:
+        return path
+    return "local://" + str(Path(path).resolve())
+
+
+def _read_rows(ray, source: str, remote: bool) -> "ray.data.Dataset":
+    """Parquet (a file or a folder of them, or a URI), or a folder of ``NAME.npy`` (one per model
+    input, rows along the first axis; a ``row`` column numbers them)."""
+    if "://" in source:
+        return ray.data.read_parquet(source)
+    path = Path(source)
+    if path.is_file() and path.suffix.lower() == ".parquet" or path.is_dir() and any(path.glob("*.parquet")):
+        return ray.data.read_parquet(_uri(source, remote))
+    if path.is_dir():
+        npys = sorted(path.glob("*.npy"))
         if npys:
             arrays = {}
             for f in npys:
@@ -421,7 +430,7 @@ def _read_rows(ray, source: Path) -> "ray.data.Dataset":
                     raise InputError(f"input {f.stem!r}: {f} is not a plain .npy array ({exc})") from None
             counts = {name: (len(a) if a.ndim else 0) for name, a in arrays.items()}
             if len(set(counts.values())) != 1 or 0 in counts.values():
-                raise InputError(f"{source}: every NAME.npy must hold the same number (> 0) of rows along its "
+                raise InputError(f"{path}: every NAME.npy must hold the same number (> 0) of rows along its "
                                  f"first axis; got {counts}")
             n = next(iter(counts.values()))
             return ray.data.from_items([{"row": i, **{k: a[i] for k, a in arrays.items()}} for i in range(n)])
@@ -457,7 +466,7 @@ def run_cli(args) -> int:
         raise InputError("byoc run --ray needs one --input DIR|FILE.parquet and -o OUT")
     if args.concurrency < 1 or args.batch_size < 1:
         raise OptionError("--concurrency and --batch-size must be >= 1")
-    source, out = Path(sources[0]), Path(args.output_dir)
+    source, out, remote = sources[0], args.output_dir, bool(args.address)
     with tempfile.TemporaryDirectory(prefix="byoc-ray-") as tmp:
         if is_bundle(args.model):
             if args.target is not None:
@@ -473,18 +482,18 @@ def run_cli(args) -> int:
                 ray.init(include_dashboard=False)
         try:
             ray.data.DataContext.get_current().execution_options.preserve_order = True
-            ds = _read_rows(ray, source)
+            ds = _read_rows(ray, source, remote)
             # a local cluster runs on this node: its workers may share this process's Numba cache
             cache = os.environ.get("NUMBA_CACHE_DIR") if not args.address else None
             result = predict(ds, bundle, batch_size=args.batch_size, concurrency=args.concurrency,
                              numba_cache_dir=cache, fallback="host" if args.host_fallback else None)
-            if args.npy:
+            if args.npy:  # written here, by the driver
                 names = _bundle_meta(*_bundle_bytes(bundle))[1]
-                n = _write_npy(result, out, names)
+                n = _write_npy(result, Path(out), names)
                 print(f"{n} rows: {out}/<row>/<output>.npy ({', '.join(names)})")
             else:
-                result.write_parquet(str(out))
-                written = ray.data.read_parquet(str(out))  # Parquet metadata only
+                result.write_parquet(_uri(out, remote))
+                written = ray.data.read_parquet(_uri(out, remote))  # Parquet metadata only
                 print(f"{written.count()} rows: {out}/ (Parquet; columns {', '.join(written.columns())})")
         finally:
             if started:
