@@ -126,10 +126,14 @@ def test_actor_killed_mid_run_every_row_once(cluster, bundle, rows, local, tmp_p
                     os.write(fd, f"{os.getpid()} {self.rows}".encode())
                     os.close(fd)
                     os.kill(os.getpid(), signal.SIGKILL)
-            return super().__call__(batch)
+            out = super().__call__(batch)
+            out["threads"] = np.full(len(out["row"]), self.threads)  # byoc's pool in this actor
+            return out
 
     out = byoc.ray.predict(_dataset(rows), bundle, batch_size=8, concurrency=2, numba_cache_dir=_cache_dir(),
-                           predictor=DyingPredictor)
+                           predictor=DyingPredictor).materialize()
+    threads = {int(t) for b in out.iter_batches(batch_size=None, batch_format="numpy") for t in b["threads"]}
+    assert threads == {1}  # one CPU per actor: one byoc thread, however many cores the node has
     ids, got = _by_row(out)
     assert os.path.exists(marker), "no actor was killed"
     pid, done = map(int, open(marker).read().split())
@@ -183,3 +187,16 @@ def test_cli_bad_input_is_a_byoc_error(cluster, bundle, tmp_path, capsys):
 
     assert main(["run", str(bundle), "--ray", "-i", str(tmp_path), "-o", str(tmp_path / "o")]) == 2
     assert "InputError" in capsys.readouterr().err
+
+
+def test_bad_options_are_option_errors(bundle):
+    with pytest.raises(byoc.OptionError, match="batch_size"):
+        byoc.ray.predict(None, bundle, batch_size=0)
+    with pytest.raises(byoc.OptionError, match="num_cpus"):
+        byoc.ray.predict(None, bundle, num_cpus=0)
+    with pytest.raises(byoc.OptionError, match="predictor"):
+        byoc.ray.predict(None, bundle, predictor=dict)
+    with pytest.raises(byoc.OptionError, match="outputs"):
+        byoc.ray.predict(None, bundle, outputs=3)
+    with pytest.raises(byoc.BundleError, match="cannot read"):
+        byoc.ray.predict(None, bundle.parent / "missing.byoc")

@@ -242,7 +242,7 @@ class BundlePredictor:
         if gauge is not None:
             gauge.set(self.fetch_seconds + self.load_seconds)
 
-    def _feed(self, name: str, value: Any, row: int) -> np.ndarray:
+    def _feed(self, name: str, value: Any) -> np.ndarray:
         arr = np.asarray(value)
         if arr.dtype == object:  # a ragged or list-valued column
             arr = np.asarray(arr.tolist())
@@ -252,8 +252,8 @@ class BundlePredictor:
             if arr.size == math.prod(shape):
                 arr = arr.reshape(shape)
             else:
-                raise InputError(f"byoc.ray: row {row}: input {name!r} has shape {list(arr.shape)}; "
-                                 f"the model expects {list(shape)}")
+                raise InputError(f"byoc.ray: a row's input {name!r} has shape {list(arr.shape)} "
+                                 f"({arr.size} values); the model expects {list(shape)}")
         return arr
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -267,7 +267,7 @@ class BundlePredictor:
             raise OptionError(f"byoc.ray: output column(s) {clash} already exist in the dataset; "
                               f"rename them with outputs={{name: column}}")
         n = len(batch[next(iter(self.inputs.values()))]) if self.inputs else len(next(iter(batch.values())))
-        rows = ({name: self._feed(name, batch[col][i], self.rows + i) for name, col in self.inputs.items()}
+        rows = ({name: self._feed(name, batch[col][i]) for name, col in self.inputs.items()}
                 for i in range(n))
         results: dict[str, list[np.ndarray]] = {name: [] for name in self.outputs}
         for out in _run_rows(self.model, rows):
