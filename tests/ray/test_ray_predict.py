@@ -194,9 +194,13 @@ def test_bad_options_are_option_errors(bundle):
         byoc.ray.predict(None, bundle, batch_size=0)
     with pytest.raises(byoc.OptionError, match="num_cpus"):
         byoc.ray.predict(None, bundle, num_cpus=0)
+    with pytest.raises(byoc.OptionError, match="concurrency"):
+        byoc.ray.predict(None, bundle, concurrency=(3, 2))
     with pytest.raises(byoc.OptionError, match="predictor"):
         byoc.ray.predict(None, bundle, predictor=dict)
     with pytest.raises(byoc.OptionError, match="outputs"):
         byoc.ray.predict(None, bundle, outputs=3)
+    with pytest.raises(byoc.OptionError, match="num_gpus"):
+        byoc.ray.predict(None, bundle, ray_remote_args={"num_gpus": 1})
     with pytest.raises(byoc.BundleError, match="cannot read"):
         byoc.ray.predict(None, bundle.parent / "missing.byoc")

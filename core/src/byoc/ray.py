@@ -320,6 +320,17 @@ def _name_map(value: Any, what: str) -> dict[str, str]:
     raise OptionError(f"byoc.ray: {what} must be a name, a list of names or a mapping, got {type(value).__name__}")
 
 
+def _actor_pool(ray, concurrency: Any):
+    """``n`` -> a fixed pool of n actors; ``(lo, hi)`` -> an autoscaling pool."""
+    sizes = concurrency if isinstance(concurrency, tuple) else (concurrency,)
+    if not 1 <= len(sizes) <= 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes) \
+            or sizes[0] > sizes[-1]:
+        raise OptionError(f"byoc.ray: concurrency must be an int >= 1 or a pair (min, max), got {concurrency!r}")
+    if len(sizes) == 1:
+        return ray.data.ActorPoolStrategy(size=sizes[0])
+    return ray.data.ActorPoolStrategy(min_size=sizes[0], max_size=sizes[1])
+
+
 def predict(
     dataset: "ray.data.Dataset",
     bundle: "str | os.PathLike | bytes",
@@ -334,6 +345,7 @@ def predict(
     fallback: str | None = None,
     keep_inputs: bool = False,
     predictor: type = BundlePredictor,
+    ray_remote_args: Mapping[str, Any] | None = None,
 ) -> "ray.data.Dataset":
     """Run a compiled bundle over a Ray Dataset; returns the Dataset with the outputs as columns.
 
@@ -354,6 +366,8 @@ def predict(
     :param keep_inputs: keep the input columns in the result (default: dropped; other columns,
         such as row ids, are kept).
     :param predictor: :class:`BundlePredictor` or a subclass.
+    :param ray_remote_args: more ``map_batches`` keywords for the actors (``accelerator_type``,
+        ``label_selector``, ``scheduling_strategy``, ...); resources go in ``resources=``.
     :raises BundleError: the bundle cannot be read or fails verification (on the driver, before
         any actor starts).
     :raises OptionError: bad names, sizes or resources.
@@ -367,11 +381,17 @@ def predict(
         raise OptionError("byoc.ray: predictor must be BundlePredictor or a subclass of it")
     input_map = _name_map(inputs, "inputs")
     output_map = _name_map(outputs, "outputs")
+    pool = _actor_pool(ray, concurrency)
 
     data, origin = _bundle_bytes(bundle)
     request = _resources(_bundle_meta(data, origin)[0], num_cpus)
     request.update(resources or {})
     remote = _remote_args(request)
+    extra = dict(ray_remote_args or {})
+    taken = sorted(set(extra) & {"num_cpus", "num_gpus", "memory", "resources", "runtime_env", "concurrency",
+                                 "batch_size", "batch_format", "fn_constructor_kwargs"})
+    if taken:
+        raise OptionError(f"byoc.ray: ray_remote_args may not set {taken}: use resources= or predict's own arguments")
     threads = max(1, int(remote.get("num_cpus", num_cpus)))
     env = {
         "BYOC_NUM_THREADS": str(threads),
@@ -393,9 +413,10 @@ def predict(
         },
         batch_size=batch_size,
         batch_format="numpy",
-        concurrency=concurrency,
+        compute=pool,
         runtime_env={"env_vars": env},
         **remote,
+        **extra,
     )
 
 
