@@ -145,12 +145,7 @@ def test_actor_killed_mid_run_every_row_once(cluster, bundle, rows, local, tmp_p
 def test_resources_follow_the_bundle(bundle):
     request = byoc.ray.bundle_resources(bundle, num_cpus=2)
     assert request == {"num_cpus": 2}  # CPU targets and the host need no resource of their own
-    assert byoc.ray._resources({"jetson": "gpu", "vitis": "dpu", "cpu": "cpu"}, 1) == {
-        "num_cpus": 1, "num_gpus": 1, "dpu": 1}
-    assert byoc.ray._remote_args({"num_cpus": 1, "num_gpus": 0, "dpu": 1, "npu": 0}) == {
-        "num_cpus": 1, "num_gpus": 0, "resources": {"dpu": 1}}
-    with pytest.raises(byoc.OptionError, match="dpu"):
-        byoc.ray._remote_args({"dpu": -1})
+    # GPU and DPU kinds: core/tests/test_ray_optional.py
 
 
 def test_tampered_bundle_refused_on_the_driver(cluster, bundle, rows, tmp_path):
