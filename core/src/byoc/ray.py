@@ -501,8 +501,10 @@ def run_cli(args) -> int:
                 ray.init(address=args.address)
             else:
                 ray.init(include_dashboard=False)
+        options, kept_order = None, False
         try:
-            ray.data.DataContext.get_current().execution_options.preserve_order = True
+            options = ray.data.DataContext.get_current().execution_options
+            kept_order, options.preserve_order = options.preserve_order, True  # rows in input order
             ds = _read_rows(ray, source, remote)
             # a local cluster runs on this node: its workers may share this process's Numba cache
             cache = os.environ.get("NUMBA_CACHE_DIR") if not args.address else None
@@ -517,6 +519,8 @@ def run_cli(args) -> int:
                 written = ray.data.read_parquet(_uri(out, remote))  # Parquet metadata only
                 print(f"{written.count()} rows: {out}/ (Parquet; columns {', '.join(written.columns())})")
         finally:
+            if options is not None:
+                options.preserve_order = kept_order
             if started:
                 ray.shutdown()
     return 0
