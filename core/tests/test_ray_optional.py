@@ -40,3 +40,10 @@ def test_resource_request_from_device_kinds():
         "num_cpus": 1, "num_gpus": 0, "resources": {"dpu": 1}}
     with pytest.raises(byoc.OptionError, match="dpu"):
         byoc.ray._remote_args({"dpu": -1})
+
+
+def test_npy_names_match_a_local_run():
+    from byoc.cli import _safe_filename
+
+    for name in ["softmaxout_1", "a/b", "..", "x:0", "", "über"]:
+        assert byoc.ray._safe_filename(name) == _safe_filename(name)

@@ -459,9 +459,13 @@ def _read_rows(ray, source: str, remote: bool) -> "ray.data.Dataset":
                      f"NAME.npy files (one per model input, rows along the first axis)")
 
 
-def _write_npy(ds, out: Path, output_names: Sequence[str]) -> int:
-    from byoc.cli import _safe_filename
+def _safe_filename(name: str) -> str:
+    # the rule of a local `byoc run -o DIR` (byoc.cli), kept here so that byoc.ray does not import the CLI
+    keep = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".")
+    return keep or "output"
 
+
+def _write_npy(ds, out: Path, output_names: Sequence[str]) -> int:
     n = 0
     for batch in ds.iter_batches(batch_size=256, batch_format="numpy"):
         ids = batch.get("row")
