@@ -80,6 +80,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from byoc.cliutil import check_output_dir, compile_or_load, is_bundle_path, model_io, safe_file_names
     from byoc.progress import phase
 
+    if getattr(args, "ray", False):  # batch inference on a Ray cluster: byoc/ray.py
+        from byoc.ray import run_cli
+
+        return run_cli(args)
     out_dir = Path(args.output_dir) if args.output_dir else None
     if out_dir is not None:
         check_output_dir(args.output_dir, "--output-dir")
@@ -204,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", "-t", action="append", metavar="TARGET",
                    help="target to use, in priority order (repeat); default: every installed target")
     add_calibration_args(p)
+    # --ray: rows from --input DIR|FILE.parquet, outputs to -o OUT (Parquet, or .npy per row)
+    p.add_argument("--ray", action="store_true", help="run on a Ray cluster: -i DIR|FILE.parquet -o OUT (see docs/ray.md)")
+    p.add_argument("--address", metavar="ADDR", help="--ray: the cluster to join (default: start a local one)")
+    p.add_argument("--concurrency", type=int, default=1, metavar="N", help="--ray: actors in the pool (default 1)")
+    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="--ray: rows per batch (default 16)")
+    p.add_argument("--npy", action="store_true", help="--ray: write OUT/<row>/<output>.npy instead of Parquet")
     p.set_defaults(func=cmd_run)
 
     from byoc.report.commands import add_commands  # explain, partition, targets, doctor
