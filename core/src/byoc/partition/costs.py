@@ -1,6 +1,6 @@
 """Build a :class:`byoc.partition.placement.Problem` from an IR graph: per-node costs on each
 device (the target's ``byoc_cost`` hook on a one-node region, else byoc's FLOPs-and-bytes
-model), the bytes on every edge, and each target's declared bandwidth and launch overhead.
+model; always the model for a target whose device is absent), the bytes on every edge, and each target's declared bandwidth and launch overhead.
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ def build_problem(nodes: Sequence[ir.Node], preds: Sequence[Sequence[int]], targ
     devices = [HOST] + [t.name for t in targets]
     cost = [[model_cost(node, host_flops, host_bw)] + [math.inf] * len(targets) for node in nodes]
     for d, t in enumerate(targets, start=1):
-        has_hook = registry is not None and bool(registry.hookimpls("byoc_cost", t.name))
+        # an absent device (an emulation, run because it was named) is priced by byoc's model at
+        # the host's throughput: its hook would estimate hardware that is not here
+        has_hook = registry is not None and bool(registry.hookimpls("byoc_cost", t.name)) and t.is_available()
         for i, node in enumerate(nodes):
             if not supported[t.name][i]:
                 continue
