@@ -262,3 +262,41 @@ def test_cost_placement_without_cost_hooks_uses_the_model_and_matches_host():
     cm = byoc.compile(m, targets=["plain"], registry=reg, placement="cost")
     assert not cm.faults
     np.testing.assert_allclose(cm.run(x)["y"], byoc.compile(m, targets=[]).run(x)["y"], rtol=1e-5, atol=1e-5)
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def test_report_lists_each_regions_alternatives(monkeypatch, tmp_path, capsys):
+    import json
+    from importlib import resources
+
+    import onnx
+
+    import byoc.plugins
+    from byoc.cli import main
+
+    m = conv_mm_model()
+    reg = registry(Chip("convchip", CONVCHIP, bandwidth=BANDWIDTH), Chip("mmchip", MMCHIP, bandwidth=BANDWIDTH))
+    cm = byoc.compile(m, targets=["convchip", "mmchip"], registry=reg, placement="cost")
+    est = cm.options["placement_estimates"]
+    assert est["total_s"] > 0
+    data = cm.report_data()
+    for region in data["regions"]:
+        alts = region["estimated_s"]
+        assert set(alts) == {"host", "convchip", "mmchip"}
+        # the chosen target is the cheapest for its region here (transfers are negligible)
+        assert alts[region["target"]] == min(v for v in alts.values() if v is not None)
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(resources.files("byoc.report").joinpath("schema.json").read_text())
+    jsonschema.validate(data, schema)
+    # priority placement: no estimates
+    assert "estimated_s" not in byoc.compile(m, targets=["convchip"], registry=reg).report_data()["regions"][0]
+    # the command line
+    path = tmp_path / "m.onnx"
+    onnx.save(m, path)
+    monkeypatch.setattr(byoc.plugins, "_registry", reg)
+    assert main(["explain", str(path), "-t", "convchip", "-t", "mmchip", "--placement", "cost", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {r["target"] for r in doc["regions"]} == {"convchip", "mmchip"}
+    assert all("estimated_s" in r for r in doc["regions"])

@@ -194,8 +194,9 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
 
     compiled_regions: list[CompiledRegion] = []
     stages.next("partition")
+    estimates: dict[str, Any] = {}
     if selected:
-        records, regions = _partition(ir_model, selected, options, settings, faults)
+        records, regions = _partition(ir_model, selected, options, settings, faults, estimates)
         stages.next("codegen", total=len(regions))
         compiled_regions = _codegen(regions, records, options, quantizer, settings, faults, stages)
         substitute_regions(compiled_regions)
@@ -221,6 +222,8 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
     )
     if quantizer is not None:
         cm.options["calibration"] = quantizer.summary()
+    if estimates:
+        cm.options["placement_estimates"] = estimates
     return cm
 
 
@@ -234,9 +237,11 @@ def _pre_partition(registry: Registry | None, ir_model: ir.Model, selected: Sequ
 
 
 def _partition(ir_model: ir.Model, selected: Sequence[Target], options: Mapping[str, Mapping[str, Any]],
-               settings: _Settings, faults: _Faults) -> tuple[dict[str, NodeRecord], list[Region]]:
+               settings: _Settings, faults: _Faults,
+               est: dict[str, Any]) -> tuple[dict[str, NodeRecord], list[Region]]:
     """The main graph first, then every subgraph (If branches, Loop/Scan bodies) on its own: a
-    region never spans a subgraph boundary."""
+    region never spans a subgraph boundary. With placement="cost", ``est`` receives the
+    estimates (``{"total_s": ..., "regions": {name: {"target", "estimated_s": {device: s}}}}``)."""
     counters: dict[str, int] = {}
     records: dict[str, NodeRecord] = {}
     regions: list[Region] = []
@@ -246,6 +251,9 @@ def _partition(ir_model: ir.Model, selected: Sequence[Target], options: Mapping[
         faults.items.extend(result.faults)
         records.update(result.records)
         regions.extend(result.regions)
+        if result.estimates is not None:
+            est.setdefault("regions", {}).update(result.estimates)
+            est["total_s"] = est.get("total_s", 0.0) + (result.estimated_cost or 0.0)
     return records, regions
 
 

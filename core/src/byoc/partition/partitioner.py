@@ -23,7 +23,7 @@ from byoc.contract.faults import PluginFault
 from byoc.contract.patterns import match_at
 from byoc.contract.types import Pattern, Region, SupportContext, Target
 from byoc.partition.costs import build_problem
-from byoc.partition.placement import solve
+from byoc.partition.placement import Problem, solve
 from byoc.partition.records import NodeRecord
 from byoc.partition.regions import form_regions, is_acyclic
 from byoc.plugins import Registry
@@ -36,6 +36,10 @@ class PartitionResult:
     regions: list[Region]
     records: dict[str, NodeRecord]
     faults: list[PluginFault]
+    #: with placement="cost": per region, its estimated compute seconds on every device
+    estimates: dict[str, dict[str, Any]] | None = None
+    #: with placement="cost": the minimised end-to-end estimate (seconds) of this graph
+    estimated_cost: float | None = None
 
 
 class _Faults:
@@ -203,6 +207,7 @@ class Partitioner:
         #: with placement="cost": the device chosen for each node before regions form
         self.assignment: list[str] | None = None
         self.estimated_cost: float | None = None
+        self.problem: Problem | None = None
         self._verdicts: dict[str, list[bool]] = {}
 
     # -- units: placed regions, composites, single nodes --------------------------------------
@@ -369,6 +374,7 @@ class Partitioner:
         problem = build_problem(self.nodes, self.preds, self.targets, supported, self.registry, self.options,
                                 one_node, lambda plugin, hook, msg: self.faults.add(plugin, hook, msg))
         assign, total = solve(problem)
+        self.problem = problem
         self.assignment = [problem.devices[d] for d in assign]
         self.estimated_cost = total
 
@@ -438,5 +444,23 @@ class Partitioner:
                 rec = self.records[node.name]
                 rec.device, rec.region = target, name
                 rec.pattern = region.patterns.get(node.name)
-        return PartitionResult(regions, self.records, self.faults.items)
+        return PartitionResult(regions, self.records, self.faults.items, self._estimates(regions),
+                               self.estimated_cost)
+
+    def _estimates(self, regions: Sequence[Region]) -> dict[str, dict[str, Any]] | None:
+        """For the report: each region's summed node estimates on every device (``None`` where a
+        device cannot take all of it); transfers and launches come on top, so a region may stay
+        on a device that is not the cheapest here when moving its tensors would cost more."""
+        problem = self.problem
+        if problem is None:
+            return None
+        out = {}
+        for region in regions:
+            members = [self.index[id(n)] for n in region.nodes]
+            alts = {}
+            for d, dev in enumerate(problem.devices):
+                total = sum(problem.cost[i][d] for i in members)
+                alts[dev] = total if total < float("inf") else None
+            out[region.name] = {"target": region.target, "estimated_s": alts}
+        return out
 

@@ -19,7 +19,10 @@ _PROTO_LIMIT = 1_800_000_000
 
 def _targets_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", "-t", action="append", metavar="TARGET",
-                   help="target to use, in priority order (repeat); default: every installed target")
+                   help="target to use, in priority order (repeat); default: every available target")
+    p.add_argument("--placement", choices=["priority", "cost"], default="priority",
+                   help="priority (default): each target in turn takes what it supports; cost: every node where "
+                        "the estimates say the whole model runs fastest (the report lists each region's alternatives)")
 
 
 def _compile(args: argparse.Namespace):
