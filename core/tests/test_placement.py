@@ -300,3 +300,22 @@ def test_report_lists_each_regions_alternatives(monkeypatch, tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert {r["target"] for r in doc["regions"]} == {"convchip", "mmchip"}
     assert all("estimated_s" in r for r in doc["regions"])
+
+
+def test_host_throughput_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path):
+    import json
+
+    from byoc.partition import placement
+
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(placement, "_HOST", None)
+    calls = []
+    monkeypatch.setattr(placement, "_measure_host", lambda: calls.append(1) or (2e10, 3e10))
+    assert placement.host_throughput() == (2e10, 3e10) and calls == [1]
+    table = json.loads((tmp_path / "host-throughput.json").read_text())
+    assert table == {placement.machine_fingerprint(): [2e10, 3e10]}
+    monkeypatch.setattr(placement, "_HOST", None)  # a new process: read from disk, nothing measured
+    assert placement.host_throughput() == (2e10, 3e10) and calls == [1]
+    (tmp_path / "host-throughput.json").write_text('{"%s": ["x", -1]}' % placement.machine_fingerprint())
+    monkeypatch.setattr(placement, "_HOST", None)  # a damaged entry is measured again
+    assert placement.host_throughput() == (2e10, 3e10) and calls == [1, 1]
