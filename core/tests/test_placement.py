@@ -319,3 +319,20 @@ def test_host_throughput_is_measured_once_per_machine_and_cached(monkeypatch, tm
     (tmp_path / "host-throughput.json").write_text('{"%s": ["x", -1]}' % placement.machine_fingerprint())
     monkeypatch.setattr(placement, "_HOST", None)  # a damaged entry is measured again
     assert placement.host_throughput() == (2e10, 3e10) and calls == [1, 1]
+
+
+@pytest.mark.parametrize("bad", [-1.0, "fast", math.nan])
+def test_a_wrong_cost_is_the_plugins_fault(bad):
+    class Bad(Chip):
+        @byoc.hookimpl
+        def byoc_cost(self, region):
+            return bad
+
+    reg = registry(Bad("badchip", {"Neg": 0.0, "Relu": 0.0}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = byoc.compile(chain_model(), targets=["badchip"], registry=reg, placement="cost")
+    assert cm.faults and all(f.plugin == "badchip" and f.hook == "byoc_cost" for f in cm.faults)
+    assert "node 'n0'" in cm.faults[0].message
+    with pytest.raises(byoc.PluginError, match="byoc_cost"):
+        byoc.compile(chain_model(), targets=["badchip"], registry=reg, placement="cost", strict=True)
