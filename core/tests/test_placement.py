@@ -336,3 +336,14 @@ def test_a_wrong_cost_is_the_plugins_fault(bad):
     assert "node 'n0'" in cm.faults[0].message
     with pytest.raises(byoc.PluginError, match="byoc_cost"):
         byoc.compile(chain_model(), targets=["badchip"], registry=reg, placement="cost", strict=True)
+
+
+def test_a_bundle_of_an_emulated_target_saves_and_loads(tmp_path):
+    emu = Chip("emu", {"Neg": 1.0, "Relu": 1.0}, available=lambda: False, bandwidth=1e9, launch=1e-6)
+    reg = registry(emu)
+    cm = byoc.compile(chain_model(), targets=["emu"], registry=reg, placement="cost")
+    path = tmp_path / "m.byoc"
+    cm.save(path)  # the availability probe is this machine's business: not written
+    again = byoc.load(path, registry=reg)
+    x = {"x": np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)}
+    np.testing.assert_array_equal(again.run(x)["y"], cm.run(x)["y"])
