@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"byoc {byoc.__version__}: {label}")
     print("installed targets:", ", ".join(f"{t.name} {t.version} ({t.device}, {t.runtime_path or '-'}; "
                                           f"rtol {t.rtol:g}, atol {t.atol:g}"
-                                          f"{', int8: needs calibration' if t.needs_calibration else ''})"
+                                          f"{', int8: needs calibration' if t.needs_calibration else ''}"
+                                          f"{'' if t.is_available() else '; device absent: runs only when named'})"
                                           for t in installed) or "none (host only)")
     try:
         import onnxruntime  # noqa: F401
@@ -167,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         names = [o.name for o in model.graph.output]
         calibration = [zoo_inputs(model, seed=100 + i) for i in range(args.calibration_samples)]
         runs = [(t.name, [t]) for t in installed]
-        runs.append(("default" if not args.target else "default (" + ", ".join(args.target) + ")",
+        # the default, targets=None, takes only targets whose device is present (no emulations)
+        present = [t.name for t in installed if t.is_available()]
+        runs.append(("default (available: " + (", ".join(present) or "host only") + ")" if not args.target
+                     else "default (" + ", ".join(args.target) + ")",
                      None if not args.target else installed))
         for name, targets in runs:
             res = run_one(name, model, feeds, expected, names, targets, calibration, args.runs)

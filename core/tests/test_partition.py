@@ -3,7 +3,7 @@
 * :func:`byoc.partition.regions.form_regions` on random index DAGs with random candidate masks:
   every candidate unit is placed exactly once, the contracted graph stays a DAG (checked here by
   an independent Kahn sort), regions are connected, and chains/diamonds get the obvious answer.
-* ``byoc.compile`` on random ONNX DAGs (diamonds, shared outputs) with two or three in-process
+* ``byoc.compile`` (placement "priority" or "cost") on random ONNX DAGs (diamonds, shared outputs) with two or three in-process
   targets that support random sets of nodes: the partitioned graph is a DAG, every node is placed
   exactly once, outputs equal the host-only run bit for bit, and compiling twice gives identical
   artifacts.
@@ -156,12 +156,18 @@ class MaskTarget:
     ``"drop-single"`` drops one-node regions, ``"halve"`` splits a region in two in node order.
     """
 
-    def __init__(self, name, names, pattern=False, rule=None):
+    def __init__(self, name, names, pattern=False, rule=None, cost=None):
         self.name, self.names, self.pattern, self.rule = name, frozenset(names), pattern, rule
+        self.cost = cost  # byoc_cost per node for placement="cost" (None: byoc's own model)
 
     @byoc.hookimpl
     def byoc_register_targets(self, register):
-        register(byoc.Target(self.name, version="1", device="npu", rtol=0, atol=0))
+        register(byoc.Target(self.name, version="1", device="npu", rtol=0, atol=0, bandwidth=1e12,
+                             launch_overhead=1e-12))
+
+    @byoc.hookimpl
+    def byoc_cost(self, region):
+        return None if self.cost is None else self.cost * len(region.nodes)
 
     @byoc.hookimpl
     def byoc_register_operators(self, target, register):
@@ -213,25 +219,27 @@ def setups(draw):
     for t in range(k):
         mask = draw(st.sets(st.sampled_from(names)))
         targets.append(MaskTarget(f"t{t}", mask, pattern=draw(st.booleans()),
-                                  rule=draw(st.sampled_from([None, None, "drop-single", "halve"]))))
+                                  rule=draw(st.sampled_from([None, None, "drop-single", "halve"])),
+                                  cost=draw(st.sampled_from([None, 0.0, 1e-9, 1.0]))))
     order = draw(st.permutations([t.name for t in targets]))
     seed = draw(st.integers(0, 2**16))
-    return model, targets, list(order), seed
+    placement = draw(st.sampled_from(["priority", "cost"]))
+    return model, targets, list(order), seed, placement
 
 
-def compile_quiet(model, registry, order):
+def compile_quiet(model, registry, order, placement="priority"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a 'halve' split that cuts a composite is refused with a warning
-        return byoc.compile(model, targets=order, registry=registry, passes=[])
+        return byoc.compile(model, targets=order, registry=registry, passes=[], placement=placement)
 
 
 @needs_kernels
 @settings(max_examples=60)
 @given(setups())
 def test_partition_invariants(setup):
-    model, targets, order, seed = setup
+    model, targets, order, seed, placement = setup
     registry = build_registry([(t.name, t) for t in targets], entry_points=False)
-    cm = compile_quiet(model, registry, order)
+    cm = compile_quiet(model, registry, order, placement)
     names = [n.name for n in model.graph.node]
     masks = {t.name: t.names for t in targets}
 
@@ -268,7 +276,7 @@ def test_partition_invariants(setup):
         np.testing.assert_array_equal(got[k], want[k])
 
     # compiling twice gives identical artifacts and the same placement
-    again = compile_quiet(model, registry, order)
+    again = compile_quiet(model, registry, order, placement)
 
     def arts(c):
         return [(r.region.name, r.artifact.target, r.artifact.format, r.artifact.data, r.artifact.metadata)

@@ -542,12 +542,13 @@ def test_targets_command(registry, monkeypatch, capsys):
     header = out[0].split()
     assert header[:4] == ["target", "version", "distribution", "device"]
     rows = {line.split()[0]: line.split() for line in out[2:] if line.strip()}
-    assert rows["npu"][1:8] == ["2.1", "-", "npu", "7", "1", "1", "-"]
+    assert rows["npu"][1:9] == ["2.1", "-", "npu", "7", "1", "1", "-", "True"]
     assert rows["aux"][1:8] == ["0.3", "-", "dsp", "2", "0", "1", "emulation"]
     assert list(rows)[0] == "npu"  # priority order
     assert main(["targets", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert {d["name"]: d["operators"] for d in doc} == {"npu": 7, "aux": 2, "flaky": 2}
+    assert all(d["available"] is True for d in doc)  # Target.available defaults to True
 
 
 class _Dup:

@@ -198,6 +198,8 @@ def compile_or_load(args: argparse.Namespace, *, strict: bool = False, host_fall
     if is_bundle_path(args.model):
         if targets is not None:
             raise InputError(f"{args.model} is a bundle: its targets were fixed when it was compiled; drop --target")
+        if getattr(args, "placement", "priority") != "priority":
+            raise InputError(f"{args.model} is a bundle: its placement was fixed when it was compiled; drop --placement")
         if getattr(args, "calibration", None) is not None:
             raise InputError(f"{args.model} is a bundle: it was calibrated when it was compiled; drop --calibration")
         with phase(f"load bundle {args.model}"):
@@ -205,7 +207,8 @@ def compile_or_load(args: argparse.Namespace, *, strict: bool = False, host_fall
     chosen = check_targets(targets)
     io = model_io(args.model) if getattr(args, "calibration", None) is not None else None
     calibration = load_calibration_arg(args, chosen, io[0] if io else None)
-    compiled = byoc.compile(args.model, targets=targets, strict=strict, calibration=calibration)
+    compiled = byoc.compile(args.model, targets=targets, strict=strict, calibration=calibration,
+                            placement=getattr(args, "placement", "priority"))
     note_skipped(compiled)
     return compiled
 
@@ -213,9 +216,9 @@ def compile_or_load(args: argparse.Namespace, *, strict: bool = False, host_fall
 def note_skipped(compiled: Any) -> None:
     import sys
 
-    for name in compiled.options.get("skipped_targets", {}):
-        print(f"note: target {name!r} skipped: it needs calibration data (--calibration DIR|FILE.npz)",
-              file=sys.stderr)
+    for name, why in compiled.options.get("skipped_targets", {}).items():
+        hint = " (--calibration DIR|FILE.npz)" if "calibration" in why else " (--target " + name + ")"
+        print(f"note: target {name!r} skipped: {why}{hint}", file=sys.stderr)
 
 
 __all__ = [

@@ -31,6 +31,7 @@ from byoc.errors import OptionError
 from byoc.frontend import load_model
 from byoc.frontend.loader import ModelLike
 from byoc.partition.partitioner import Partitioner, _Faults, ensure_node_names, subgraph_scopes
+from byoc.partition.placement import PLACEMENTS
 from byoc.partition.records import NodeRecord
 from byoc.contract import Region, Target
 from byoc.contract.options import resolve_options as _resolve
@@ -44,9 +45,23 @@ from byoc.runtime.plan import build_plan
 from byoc.runtime.specialize import has_symbolic_inputs, has_symbolic_ir_inputs, specialise
 
 
-def resolve_targets(registry: Registry, targets: Sequence[str] | None) -> list[Target]:
+#: why ``targets=None`` left a target out (``CompiledModel.options["skipped_targets"]``)
+UNAVAILABLE = "its device is not present on this machine (an emulation would run): name it in targets= to run it"
+
+
+def resolve_targets(registry: Registry, targets: Sequence[str] | None,
+                    skipped: dict[str, str] | None = None) -> list[Target]:
+    """The targets to compile for: the named ones in that order, or with ``None`` every installed
+    target whose device is present (:meth:`Target.is_available`), in default priority order; the
+    others go to ``skipped`` with the reason."""
     if targets is None:
-        return registry.ordered_targets()
+        out = []
+        for t in registry.ordered_targets():
+            if t.is_available():
+                out.append(t)
+            elif skipped is not None:
+                skipped[t.name] = UNAVAILABLE
+        return out
     if isinstance(targets, str):
         targets = [targets]
     seen, out = set(), []
@@ -78,12 +93,14 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     registry: Registry | None = None,
     hook_timeout: float | None = HOOK_TIMEOUT,
     calibration: Iterable[Mapping[str, np.ndarray]] | None = None,
+    placement: str = "priority",
 ) -> CompiledModel:
     """Compile an ONNX model.
 
     :param model: a path, bytes, ``onnx.ModelProto`` or ``onnx_ir.Model``.
-    :param targets: vendor targets in priority order; ``None`` uses every installed target in
-        its declared default priority, ``[]`` runs everything on the host.
+    :param targets: vendor targets in priority order; ``None`` uses every installed target whose
+        device is present here (``Target.available``; emulations run only when named) in its
+        declared default priority, ``[]`` runs everything on the host.
     :param passes: names of the shared passes to run (default: all of
         :data:`byoc.passes.DEFAULT_PASSES`); ``[]`` switches them off.
     :param budget: resource limits (:class:`byoc.Budget`).
@@ -96,16 +113,25 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         targets that run quantised code (``Target.needs_calibration``, see :mod:`byoc.quantize`).
         Without it such a target raises :class:`byoc.CalibrationRequiredError` when listed in
         ``targets``, and is skipped when ``targets=None`` (``options["skipped_targets"]`` says why).
+    :param placement: how nodes are given to targets: ``"priority"`` (default: each target in
+        turn takes every node it supports that is still free) or ``"cost"`` (each node's device
+        is chosen over the whole graph to minimise estimated time: the targets' ``byoc_cost``
+        hooks or byoc's FLOPs/bytes model, transfers over ``Target.bandwidth`` and
+        ``Target.launch_overhead``; see :mod:`byoc.partition.placement`).
     :returns: a :class:`CompiledModel`.
     """
+    if placement not in PLACEMENTS:
+        raise OptionError(f"placement={placement!r}: expected one of {', '.join(map(repr, PLACEMENTS))}")
     check_compile_args(targets=targets, passes=passes, budget=budget, target_options=target_options,
                        strict=strict, hook_timeout=hook_timeout, calibration=calibration)
     budget = budget or DEFAULT_BUDGET
     stages = progress_stages("compile")
     stages.next("load and validate the model")
     registry = registry if registry is not None else (get_registry() if targets != [] else None)
-    selected = resolve_targets(registry, targets) if registry is not None else []
+    unavailable: dict[str, str] = {}
+    selected = resolve_targets(registry, targets, unavailable) if registry is not None else []
     selected, skipped = _quant.split_targets(selected, targets is not None, calibration)
+    skipped = {**unavailable, **skipped}
     if skipped and target_options:
         target_options = {k: v for k, v in target_options.items() if k not in skipped}
     options = resolve_options(selected, target_options)
@@ -116,7 +142,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         if has_symbolic_inputs(proto):
             if calibration is not None and any(t.needs_calibration for t in selected):
                 calibration = list(calibration)  # each shape specialisation calibrates again
-            settings = _Settings(registry, passes, budget, strict, hook_timeout, calibration)
+            settings = _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement)
 
             def compile_shapes(p: onnx.ModelProto, ts: Sequence[Target]) -> CompiledModel:
                 return compile_model(_load(p, budget, require_kernels=not ts), ts,
@@ -125,7 +151,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
             stages.finish()
             return specialise(proto, selected, compile_shapes)
     cm = compile_model(ir_model, selected, options,
-                       _Settings(registry, passes, budget, strict, hook_timeout, calibration), stages)
+                       _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement), stages)
     if skipped:
         cm.options["skipped_targets"] = skipped
     return cm
@@ -141,6 +167,7 @@ class _Settings:
     strict: bool
     hook_timeout: float | None
     calibration: Iterable[Mapping[str, np.ndarray]] | None
+    placement: str = "priority"
 
 
 def _load(model: ModelLike, budget: Budget, *, require_kernels: bool) -> ir.Model:
@@ -167,8 +194,9 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
 
     compiled_regions: list[CompiledRegion] = []
     stages.next("partition")
+    estimates: dict[str, Any] = {}
     if selected:
-        records, regions = _partition(ir_model, selected, options, settings, faults)
+        records, regions = _partition(ir_model, selected, options, settings, faults, estimates)
         stages.next("codegen", total=len(regions))
         compiled_regions = _codegen(regions, records, options, quantizer, settings, faults, stages)
         substitute_regions(compiled_regions)
@@ -184,7 +212,8 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
     cm = CompiledModel(
         ir_model,
         plan,
-        options={"targets": [t.name for t in selected], "target_options": dict(options), "strict": settings.strict},
+        options={"targets": [t.name for t in selected], "target_options": dict(options), "strict": settings.strict,
+                 "placement": settings.placement},
         regions=compiled_regions,
         records=records,
         faults=list(faults.items),
@@ -193,6 +222,8 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
     )
     if quantizer is not None:
         cm.options["calibration"] = quantizer.summary()
+    if estimates:
+        cm.options["placement_estimates"] = estimates
     return cm
 
 
@@ -206,18 +237,23 @@ def _pre_partition(registry: Registry | None, ir_model: ir.Model, selected: Sequ
 
 
 def _partition(ir_model: ir.Model, selected: Sequence[Target], options: Mapping[str, Mapping[str, Any]],
-               settings: _Settings, faults: _Faults) -> tuple[dict[str, NodeRecord], list[Region]]:
+               settings: _Settings, faults: _Faults,
+               est: dict[str, Any]) -> tuple[dict[str, NodeRecord], list[Region]]:
     """The main graph first, then every subgraph (If branches, Loop/Scan bodies) on its own: a
-    region never spans a subgraph boundary."""
+    region never spans a subgraph boundary. With placement="cost", ``est`` receives the
+    estimates (``{"total_s": ..., "regions": {name: {"target", "estimated_s": {device: s}}}}``)."""
     counters: dict[str, int] = {}
     records: dict[str, NodeRecord] = {}
     regions: list[Region] = []
     for graph, scope in [(ir_model.graph, "")] + subgraph_scopes(ir_model.graph):
         result = Partitioner(ir_model, settings.registry, selected, options, settings.strict, graph=graph,
-                             scope=scope, counters=counters).run()
+                             scope=scope, counters=counters, placement=settings.placement).run()
         faults.items.extend(result.faults)
         records.update(result.records)
         regions.extend(result.regions)
+        if result.estimates is not None:
+            est.setdefault("regions", {}).update(result.estimates)
+            est["total_s"] = est.get("total_s", 0.0) + (result.estimated_cost or 0.0)
     return records, regions
 
 

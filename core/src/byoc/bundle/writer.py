@@ -60,8 +60,10 @@ def _onnx_bytes(model: ir.Model, what: str) -> bytes:
 def _target_json(target) -> dict[str, Any]:
     # the declared options are recorded as {name: default}; the installed target's own
     # declarations judge options when loading
+    # ``available`` says whether this machine has the device (maybe a probe function): it is
+    # the loading machine's business, never the bundle's
     return {f.name: target.defaults if f.name == "options" else getattr(target, f.name)
-            for f in dataclasses.fields(target)}
+            for f in dataclasses.fields(target) if f.name != "available"}
 
 
 

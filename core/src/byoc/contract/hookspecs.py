@@ -170,8 +170,12 @@ def byoc_runtime(target: str, artifact: "Artifact", options: Mapping[str, Any]) 
 def byoc_cost(target: str, region: "Region", options: Mapping[str, Any]) -> "float | None":
     """Estimate the run time of ``region`` on ``target`` in seconds (optional).
 
-    Used when compiling with ``placement="cost"`` to choose between targets. Stops at the first
-    non-``None`` result.
+    Used when compiling with ``placement="cost"`` to choose between targets: byoc calls it on
+    one-node regions (outlined, with their static shapes) and adds transfers
+    (``Target.bandwidth``) and region starts (``Target.launch_overhead``) itself. Not called
+    while the target's device is absent (``Target.available`` false): byoc's own model prices
+    the emulation then. A raise or a value that is not a finite number >= 0 is the plugin's
+    fault (byoc's model is used for that node). Stops at the first non-``None`` result.
 
     :param target: the target that would run the region.
     :param region: the outlined region.

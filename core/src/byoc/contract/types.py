@@ -56,6 +56,19 @@ class Target:
         :class:`byoc.CalibrationRequiredError`; with ``targets=None`` it is skipped, and
         ``CompiledModel.options["skipped_targets"]`` says why), and its regions reach the code
         generator quantised (see :mod:`byoc.quantize`).
+    :param available: whether the device is really present on this machine: a bool, or a
+        callable ``() -> bool`` that byoc calls lazily (only when it must decide, e.g.
+        ``byoc.compile(model)`` with ``targets=None`` or ``byoc targets``), so a plugin can probe
+        its driver without initialising it at registration. ``targets=None`` selects only
+        available targets; an unavailable one (an emulation) runs when named in ``targets=``
+        and in the conformance kit. A callable that raises counts as ``False``.
+    :param bandwidth: bytes per second between host memory and the device, used by
+        ``placement="cost"`` to price a tensor crossing between the host and this target;
+        ``None`` (default): the device works in host memory, crossings are free.
+    :param launch_overhead: fixed seconds per region run (launch, synchronisation), used by
+        ``placement="cost"``.
+    :param flops: sustained FLOP/s of the device for byoc's own cost model (used when the
+        plugin gives no ``byoc_cost``); ``None``: the host's measured throughput.
     :param quantization: the scheme the target asks for (:class:`byoc.quantize.QuantScheme`
         keys, e.g. ``{"activations": "pow2", "weights": "per_channel"}``); a user may override
         keys with ``target_options={name: {"quantization": {...}}}``.
@@ -75,6 +88,10 @@ class Target:
     max_specializations: int = 8
     needs_calibration: bool = False
     quantization: dict[str, Any] = field(default_factory=dict)
+    available: "bool | Callable[[], bool]" = True
+    bandwidth: float | None = None
+    launch_overhead: float = 0.0
+    flops: float | None = None
     #: filled in by the plugin manager
     plugin: str = ""
     distribution: str = ""
@@ -83,6 +100,16 @@ class Target:
 
     def __post_init__(self) -> None:
         self.options = normalize_options(self.name, self.options)
+
+    def is_available(self) -> bool:
+        """Evaluate :attr:`available` (calling it when it is a callable; an exception means ``False``)."""
+        avail = self.available
+        if callable(avail):
+            try:
+                return bool(avail())
+            except Exception:
+                return False
+        return bool(avail)
 
     @property
     def defaults(self) -> dict[str, Any]:

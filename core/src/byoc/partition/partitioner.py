@@ -22,6 +22,8 @@ from byoc.errors import PluginError
 from byoc.contract.faults import PluginFault
 from byoc.contract.patterns import match_at
 from byoc.contract.types import Pattern, Region, SupportContext, Target
+from byoc.partition.costs import build_problem
+from byoc.partition.placement import Problem, solve
 from byoc.partition.records import NodeRecord
 from byoc.partition.regions import form_regions, is_acyclic
 from byoc.plugins import Registry
@@ -34,6 +36,10 @@ class PartitionResult:
     regions: list[Region]
     records: dict[str, NodeRecord]
     faults: list[PluginFault]
+    #: with placement="cost": per region, its estimated compute seconds on every device
+    estimates: dict[str, dict[str, Any]] | None = None
+    #: with placement="cost": the minimised end-to-end estimate (seconds) of this graph
+    estimated_cost: float | None = None
 
 
 class _Faults:
@@ -172,7 +178,8 @@ def outline(region: Region, model: ir.Model) -> None:
 class Partitioner:
     def __init__(self, model: ir.Model, registry: Registry, targets: Sequence[Target],
                  options: Mapping[str, Mapping[str, Any]], strict: bool = False, *,
-                 graph: ir.Graph | None = None, scope: str = "", counters: dict[str, int] | None = None):
+                 graph: ir.Graph | None = None, scope: str = "", counters: dict[str, int] | None = None,
+                 placement: str = "priority"):
         self.model = model
         self.graph = model.graph if graph is None else graph
         self.scope = scope
@@ -196,6 +203,12 @@ class Partitioner:
         # placement: node index -> region id (index into self.placed), -1 while free
         self.region_of = [-1] * len(self.nodes)
         self.placed: list[tuple[str, list[int], dict[int, str]]] = []  # (target, node ids, patterns)
+        self.placement = placement
+        #: with placement="cost": the device chosen for each node before regions form
+        self.assignment: list[str] | None = None
+        self.estimated_cost: float | None = None
+        self.problem: Problem | None = None
+        self._verdicts: dict[str, list[bool]] = {}
 
     # -- units: placed regions, composites, single nodes --------------------------------------
 
@@ -337,14 +350,40 @@ class Partitioner:
         patterns = {self.nodes[i].name: pattern_of[i] for i in group if i in pattern_of}
         return Region(name="", target=target, nodes=nodes, inputs=inputs, outputs=outputs, patterns=patterns)
 
+    def _support(self, target: Target, ctx: SupportContext) -> list[bool]:
+        """Each node's verdict for ``target`` (recorded once for the report)."""
+        if target.name not in self._verdicts:
+            verdict_ok = [False] * len(self.nodes)
+            for i, node in enumerate(self.nodes):
+                reason = _verdict(self.registry, target.name, node, ctx, self.faults)
+                self.records[node.name].verdicts[target.name] = reason
+                verdict_ok[i] = reason is None
+            self._verdicts[target.name] = verdict_ok
+        return self._verdicts[target.name]
+
+    def _place_by_cost(self) -> None:
+        """Choose every node's device over the whole graph (:mod:`byoc.partition.placement`)."""
+        supported = {t.name: self._support(t, SupportContext(t.name, self.options.get(t.name, {})))
+                     for t in self.targets}
+
+        def one_node(target: Target, node: ir.Node) -> Region:
+            region = Region(name=f"{target.name}_cost", target=target.name, nodes=[node])
+            outline(region, self.model)
+            return region
+
+        problem = build_problem(self.nodes, self.preds, self.targets, supported, self.registry, self.options,
+                                one_node, lambda plugin, hook, msg: self.faults.add(plugin, hook, msg))
+        assign, total = solve(problem)
+        self.problem = problem
+        self.assignment = [problem.devices[d] for d in assign]
+        self.estimated_cost = total
+
     def _partition_target(self, target: Target) -> None:
         opts = self.options.get(target.name, {})
         ctx = SupportContext(target.name, opts)
-        verdict_ok = [False] * len(self.nodes)
-        for i, node in enumerate(self.nodes):
-            reason = _verdict(self.registry, target.name, node, ctx, self.faults)
-            self.records[node.name].verdicts[target.name] = reason
-            verdict_ok[i] = reason is None
+        verdict_ok = list(self._support(target, ctx))
+        if self.assignment is not None:  # placement="cost": only the nodes given to this target
+            verdict_ok = [ok and dev == target.name for ok, dev in zip(verdict_ok, self.assignment)]
         composites, pattern_of = self._composites(target, ctx, verdict_ok)
         unit_of, n_units = self._units(composites)
         candidate = [False] * n_units
@@ -382,6 +421,8 @@ class Partitioner:
             gc.enable()
 
     def _run(self) -> PartitionResult:
+        if self.placement == "cost" and self.targets and self.nodes:
+            self._place_by_cost()
         for target in self.targets:
             self._partition_target(target)
         # defensive: the whole placement must contract to a DAG
@@ -403,5 +444,23 @@ class Partitioner:
                 rec = self.records[node.name]
                 rec.device, rec.region = target, name
                 rec.pattern = region.patterns.get(node.name)
-        return PartitionResult(regions, self.records, self.faults.items)
+        return PartitionResult(regions, self.records, self.faults.items, self._estimates(regions),
+                               self.estimated_cost)
+
+    def _estimates(self, regions: Sequence[Region]) -> dict[str, dict[str, Any]] | None:
+        """For the report: each region's summed node estimates on every device (``None`` where a
+        device cannot take all of it); transfers and launches come on top, so a region may stay
+        on a device that is not the cheapest here when moving its tensors would cost more."""
+        problem = self.problem
+        if problem is None:
+            return None
+        out = {}
+        for region in regions:
+            members = [self.index[id(n)] for n in region.nodes]
+            alts = {}
+            for d, dev in enumerate(problem.devices):
+                total = sum(problem.cost[i][d] for i in members)
+                alts[dev] = total if total < float("inf") else None
+            out[region.name] = {"target": region.target, "estimated_s": alts}
+        return out
 

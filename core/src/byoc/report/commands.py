@@ -19,7 +19,10 @@ _PROTO_LIMIT = 1_800_000_000
 
 def _targets_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", "-t", action="append", metavar="TARGET",
-                   help="target to use, in priority order (repeat); default: every installed target")
+                   help="target to use, in priority order (repeat); default: every available target")
+    p.add_argument("--placement", choices=["priority", "cost"], default="priority",
+                   help="priority (default): each target in turn takes what it supports; cost: every node where "
+                        "the estimates say the whole model runs fastest (the report lists each region's alternatives)")
 
 
 def _compile(args: argparse.Namespace):
@@ -126,6 +129,8 @@ def _target_rows(registry: Any) -> list[dict[str, Any]]:
             "patterns": len(registry.patterns.get(t.name, [])),
             "rules": len(registry.rules.get(t.name, [])),
             "runtime_path": t.runtime_path or "-",
+            # evaluated now (lazily): byoc.compile(model) with targets=None uses only these
+            "available": t.is_available(),
             "plugin": t.plugin,
             "priority": t.priority,
             "description": t.description,
@@ -147,11 +152,15 @@ def cmd_targets(args: argparse.Namespace) -> int:
         print("no targets installed: everything runs on the host (pip install a byoc plugin, e.g. byoc-cpu)")
     else:
         cols = ["name", "version", "distribution", "device", "operators", "patterns", "rules", "runtime_path",
-                "description"]
+                "available", "description"]
         heads = ["target", "version", "distribution", "device", "#operators", "#patterns", "#rules", "runtime path",
-                 "description"]
+                 "available", "description"]
         lines = _table(heads, [[str(r[c]) for c in cols] for r in rows], {4, 5, 6}, indent="")
         print("\n".join(lines))
+        absent = [r["name"] for r in rows if not r["available"]]
+        if absent:
+            print(f"\nnot available here (device absent; run only when named, e.g. targets=[{absent[0]!r}]): "
+                  f"{', '.join(absent)}")
     unusable = sorted(set(registry.conflicts) | set(registry.incompatible))
     if unusable:
         print(f"\nunusable targets: {', '.join(unusable)} (run `byoc doctor`)")

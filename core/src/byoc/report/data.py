@@ -188,6 +188,7 @@ def report_data(compiled: "CompiledModel") -> dict[str, Any]:
 
     flops_of = {n["name"]: n["flops"] or 0 for n in nodes}
     host_fallback = dict(getattr(compiled, "host_fallback", None) or {})
+    estimates = (getattr(compiled, "options", None) or {}).get("placement_estimates", {}).get("regions", {})
     regions = []
     for cr in compiled.regions:
         region = cr.region
@@ -207,6 +208,8 @@ def report_data(compiled: "CompiledModel") -> dict[str, Any]:
             "host_fallback": host_fallback.get(region.name),
             "artifact": {"format": cr.artifact.format, "bytes": len(cr.artifact.data), "sha256": cr.artifact.sha256},
         })
+        if region.name in estimates:  # placement="cost": the alternatives it was chosen among
+            regions[-1]["estimated_s"] = dict(estimates[region.name]["estimated_s"])
 
     devices = list(dict.fromkeys(target_names + [n["device"] for n in nodes if n["device"] != HOST] + [HOST]))
     total_flops = sum(flops_of.values())

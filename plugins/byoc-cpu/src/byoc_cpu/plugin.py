@@ -30,6 +30,7 @@ TARGET = "cpu"
 #: sustained rates for the cost estimate: float32 GEMM FLOP/s and bytes/s moved by the loops
 _GEMM_FLOPS = 100e9
 _LOOP_BYTES = 10e9
+_LAUNCH = 30e-6
 
 
 def _runtime_path() -> str:
@@ -62,6 +63,9 @@ def byoc_register_targets(register):
         # the code is specialised to static shapes: byoc compiles per concrete input shape
         shape_policy="static",
         runtime_path=_runtime_path(),
+        # for placement="cost": a region call costs a Python dispatch and argument packing, and a
+        # region boundary ends a fused epilogue (a rough estimate, not a measurement)
+        launch_overhead=_LAUNCH,
     ))
 
 

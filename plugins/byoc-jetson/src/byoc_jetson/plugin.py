@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 from byoc.contract import HOOK_API_VERSION, Artifact, Pattern, Region, Rule, Target, hookimpl
 from byoc_jetson import __version__
 from byoc_jetson.codegen import FORMAT, generate
-from byoc_jetson.options import OPTIONS, registered_runtime_path, runtime_path
+from byoc_jetson.options import OPTIONS, registered_runtime_path, runtime_path, tensorrt_available
 from byoc_jetson.patterns import patterns
 from byoc_jetson.rules import rules
 from byoc_jetson.support import NOT_SUPPORTED, OPERATORS, make_check, node_macs
@@ -36,6 +36,12 @@ def make_target() -> Target:
         api_version=HOOK_API_VERSION,
         # found without initialising CUDA: registration may come before a user's fork()
         runtime_path=registered_runtime_path(),
+        # the device is there only when TensorRT and a CUDA GPU answer; probed lazily (at the
+        # first compile with targets=None or `byoc targets`), never at registration
+        available=tensorrt_available,
+        # Jetson's unified memory is shared with the CPU but engines still copy in and out
+        bandwidth=_BANDWIDTH,
+        launch_overhead=_LAUNCH,
     )
 
 

@@ -52,6 +52,8 @@ def make_target() -> Target:
         needs_calibration=True,
         quantization=dict(QUANTIZATION),
         runtime_path="emulation",
+        # no DPU driver path here: always the bit-accurate emulation, run only when named
+        available=False,
     )
 
 
