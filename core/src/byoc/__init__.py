@@ -30,7 +30,7 @@ from byoc.runtime.bundle import load
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.control import CancelHandle
 
-__version__ = "0.1.0"
+__version__ = "2.0.0"
 
 __all__ = [
     "HOOK_API_VERSION",

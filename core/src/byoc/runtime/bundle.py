@@ -99,7 +99,7 @@ def _json_bytes(obj: Any, what: str) -> bytes:
     return text.encode("ascii") + b"\n"
 
 
-def _onnx_bytes(model: ir.Model, what: str) -> bytes:
+def _onnx_bytes(model: ir.Model, what: str, budget: Budget | None = None) -> bytes:
     try:
         proto = ir.to_proto(model)
     except Exception as exc:
@@ -107,10 +107,66 @@ def _onnx_bytes(model: ir.Model, what: str) -> bytes:
     external = _external_tensor(proto.graph)
     if external is not None:
         raise BundleError(f"cannot save {what}: {external} keeps its data in an external file")
+    _legacy_initializer_inputs(proto)
+    _verify_written(proto, what, budget or DEFAULT_BUDGET)
     data = proto.SerializeToString(deterministic=True)
     if len(data) > _PROTOBUF_LIMIT:
         raise BundleError(f"cannot save {what}: {_fmt_bytes(len(data))} is over the 2 GiB protobuf limit")
     return data
+
+
+def _legacy_initializer_inputs(proto: onnx.ModelProto) -> None:
+    """Write a model of IR version < 4 in its own IR's form: every initializer also a graph input.
+
+    byoc reads such initializer-inputs as constants (:func:`byoc.passes.simplify.drop_legacy_initializer_inputs`)
+    and keeps the model's ``ir_version`` (raising it would make them overridable inputs); the
+    loader drops them again (:func:`_drop_legacy_initializer_inputs`), so the interface is unchanged.
+    """
+    if proto.ir_version >= 4:
+        return
+    graph = proto.graph
+    listed = {v.name for v in graph.input}
+    for t in graph.initializer:
+        if t.name not in listed:
+            graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+            listed.add(t.name)
+    _legacy_subgraph_constants(graph, 0)
+
+
+def _legacy_subgraph_constants(graph: onnx.GraphProto, depth: int) -> None:
+    """Subgraph initializers (If/Loop/Scan bodies) cannot be body inputs, whose positions mean
+    something: in IR version < 4 they are written as ``Constant`` nodes instead (same values)."""
+    if depth > 64:
+        return
+    for node in graph.node:
+        for attr in node.attribute:
+            subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subs:
+                consts = [onnx.helper.make_node("Constant", [], [t.name], name=f"{t.name}__const", value=t)
+                          for t in sub.initializer]
+                if consts:
+                    del sub.initializer[:]
+                    nodes = consts + list(sub.node)
+                    del sub.node[:]
+                    sub.node.extend(nodes)
+                _legacy_subgraph_constants(sub, depth + 1)
+
+
+def _drop_legacy_initializer_inputs(model: ir.Model) -> ir.Model:
+    """Undo :func:`_legacy_initializer_inputs` on a loaded member (IR version < 4 only)."""
+    from byoc.passes.simplify import drop_legacy_initializer_inputs
+
+    drop_legacy_initializer_inputs(model)
+    return model
+
+
+def _verify_written(proto: onnx.ModelProto, what: str, budget: Budget) -> None:
+    """The loader's checks (:func:`_check_onnx`) on what ``save`` is about to write: a bundle
+    that saves is a bundle that loads; never a silent success."""
+    try:
+        _check_onnx(proto, "member", "the bundle being saved", budget)
+    except BundleError as exc:
+        raise BundleError(f"cannot save {what}: byoc's loader would refuse it ({exc})") from None
 
 
 def _target_json(target) -> dict[str, Any]:
@@ -129,7 +185,8 @@ def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
 
     fallback = dict(getattr(cm, "host_fallback", {}) or {})
     region_target = {cr.region.name: cr.region.target for cr in cm.regions}
-    members: dict[str, bytes] = {HOST_GRAPH: _onnx_bytes(cm.model, "the host graph")}
+    budget = getattr(cm, "budget", None)
+    members: dict[str, bytes] = {HOST_GRAPH: _onnx_bytes(cm.model, "the host graph", budget)}
     regions_json = []
     for i, cr in enumerate(cm.regions):
         region, artifact = cr.region, cr.artifact
@@ -141,7 +198,7 @@ def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
             {"target": artifact.target, "format": artifact.format, "metadata": artifact.metadata},
             f"the artifact metadata of region {region.name!r}",
         )
-        members[onnx_name] = _onnx_bytes(region.model, f"the subgraph of region {region.name!r}")
+        members[onnx_name] = _onnx_bytes(region.model, f"the subgraph of region {region.name!r}", budget)
         regions_json.append({
             "name": region.name,
             "target": region.target,
@@ -484,8 +541,6 @@ def _external_tensor(graph: onnx.GraphProto, depth: int = 0) -> str | None:
 
 def _parse_onnx(data: bytes, name: str, origin: str, budget: Budget) -> ir.Model:
     """Parse an ONNX member with the frontend's structural checks; external data is refused."""
-    from byoc.frontend import validate
-
     def fail(msg: str) -> BundleError:
         return BundleError(f"{origin}: member {name!r}: {msg}")
 
@@ -500,6 +555,20 @@ def _parse_onnx(data: bytes, name: str, origin: str, budget: Budget) -> ir.Model
         raise fail(f"not a readable ONNX protobuf: {type(exc).__name__}: {exc}") from None
     if not proto.HasField("graph"):
         raise fail("the protobuf holds no graph")
+    _check_onnx(proto, name, origin, budget)
+    try:
+        return _drop_legacy_initializer_inputs(ir.from_proto(proto))
+    except Exception as exc:
+        raise fail(f"cannot convert to byoc's IR: {type(exc).__name__}: {exc}") from None
+
+
+def _check_onnx(proto: onnx.ModelProto, name: str, origin: str, budget: Budget) -> None:
+    """What the loader requires of an ONNX member (``save`` applies the same checks)."""
+    from byoc.frontend import validate
+
+    def fail(msg: str) -> BundleError:
+        return BundleError(f"{origin}: member {name!r}: {msg}")
+
     external = _external_tensor(proto.graph)
     if external is not None:
         raise fail(f"{external} refers to external data; a bundle holds all its data")
@@ -518,10 +587,6 @@ def _parse_onnx(data: bytes, name: str, origin: str, budget: Budget) -> ir.Model
         onnx.checker.check_model(proto)
     except Exception as exc:
         raise fail(f"the ONNX checker rejects it: {str(exc).strip() or type(exc).__name__}") from None
-    try:
-        return ir.from_proto(proto)
-    except Exception as exc:
-        raise fail(f"cannot convert to byoc's IR: {type(exc).__name__}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------
