@@ -69,3 +69,79 @@ def test_save_refuses_what_load_would_refuse(tmp_path, monkeypatch):
     with pytest.raises(BundleError, match="cannot save the host graph.*initializer but not in graph input"):
         compiled.save(tmp_path / "broken.byoc")
     assert not (tmp_path / "broken.byoc").exists()
+
+
+# -- input_shapes= / --shape ------------------------------------------------------------------
+
+
+def _dynamic_batch_net() -> onnx.ModelProto:
+    """Conv -> Relu -> Conv -> Relu with a symbolic batch dimension "N", float32."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w1 = numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array((rng.standard_normal((4, 8, 3, 3)) * 0.3).astype(np.float32), "w2")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["y"], name="relu2"),
+    ]
+    graph = helper.make_graph(nodes, "dyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 8, 8])], [w1, w2])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_input_shapes_give_vitis_regions_at_compile_time():
+    m = _dynamic_batch_net()
+    rng = np.random.default_rng(0)
+    cal = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    dynamic = byoc.compile(m, targets=["vitis"], calibration=cal)
+    assert not dynamic.regions and all(r.device == "host" for r in dynamic.records.values())
+
+    for shapes in ({"N": 1}, {"x": [1, 3, 8, 8]}):
+        fixed = byoc.compile(m, targets=["vitis"], calibration=cal, input_shapes=shapes)
+        assert fixed.regions and {r.device for r in fixed.records.values()} == {"vitis"}, shapes
+        report = fixed.report("json")
+        import json
+
+        data = json.loads(report)
+        assert data["regions"] and all(r["target"] == "vitis" for r in data["regions"])
+        assert "vitis" in fixed.report()
+        feeds = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+        want = run_onnxruntime(m, feeds)[0]
+        got = fixed.run(feeds)["y"]
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.1  # int8
+        with pytest.raises(byoc.InputError, match="'x'"):
+            fixed.run({"x": np.zeros((2, 3, 8, 8), np.float32)})
+
+
+def test_cli_shape_on_compile_run_explain_partition(tmp_path, capsys):
+    path = tmp_path / "dyn.onnx"
+    onnx.save(_dynamic_batch_net(), str(path))
+    x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x, allow_pickle=False)
+    bundle = tmp_path / "dyn.byoc"
+    assert cli.main(["compile", str(path), "-t", "cpu", "--shape", "x=2,3,8,8", "-o", str(bundle)]) == 0
+    assert cli.main(["run", str(bundle), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "out")]) == 0
+    got = np.load(tmp_path / "out" / "y.npy", allow_pickle=False)
+    np.testing.assert_allclose(got, run_onnxruntime(_dynamic_batch_net(), {"x": x})[0], rtol=1e-3, atol=1e-5)
+    loaded = byoc.load(bundle)
+    assert [list(v.shape) for v in loaded.model.graph.inputs] == [[2, 3, 8, 8]]
+    assert cli.main(["run", str(bundle), "--shape", "N=1", "-i", f"x={tmp_path / 'x.npy'}"]) == 2
+    assert "drop --shape" in capsys.readouterr().err
+
+    assert cli.main(["run", str(path), "-t", "cpu", "--shape", "N=2", "-i", f"x={tmp_path / 'x.npy'}"]) == 0
+    assert cli.main(["explain", str(path), "-t", "cpu", "--shape", "N=2", "--json", str(tmp_path / "r.json")]) == 0
+    import json
+
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert any(r["target"] == "cpu" for r in data["regions"])
+    assert cli.main(["partition", str(path), "-t", "cpu", "--shape", "N=2", "-o", str(tmp_path / "p.onnx")]) == 0
+    dims = onnx.load(str(tmp_path / "p.onnx")).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims] == [2, 3, 8, 8]
+    capsys.readouterr()
+    assert cli.main(["run", str(path), "--shape", "nope=1", "-i", f"x={tmp_path / 'x.npy'}"]) == 2
+    err = capsys.readouterr().err
+    assert "OptionError" in err and "'nope'" in err and "'N'" in err
+    assert cli.main(["run", str(path), "--shape", "x=a,b", "-i", f"x={tmp_path / 'x.npy'}"]) == 2

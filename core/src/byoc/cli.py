@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from byoc.errors import ByocError, InputError
+from byoc.frontend.shapes import add_shape_argument, parse_shape_args
 
 
 def _load_npy(path: str, name: str) -> np.ndarray:
@@ -83,9 +84,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if is_bundle(args.model):
         if args.target is not None:
             raise InputError(f"{args.model} is a bundle: its targets were fixed when it was compiled; drop --target")
+        if args.shape:
+            raise InputError(f"{args.model} is a bundle: its input shapes were fixed when it was compiled; drop --shape")
         compiled = byoc.load(args.model, fallback="host" if args.host_fallback else None)
     else:
-        compiled = byoc.compile(args.model, targets=args.target if args.target is not None else None)
+        compiled = byoc.compile(args.model, targets=args.target if args.target is not None else None,
+                                input_shapes=parse_shape_args(args.shape))
     outputs = compiled.run(feeds)
     out_dir = Path(args.output_dir) if args.output_dir else None
     if out_dir is not None:
@@ -105,7 +109,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     out = Path(args.output) if args.output else Path(args.model).with_suffix(".byoc")
     targets = [] if args.host_only else args.target
-    compiled = byoc.compile(args.model, targets=targets)
+    compiled = byoc.compile(args.model, targets=targets, input_shapes=parse_shape_args(args.shape))
     compiled.save(out)
     placed = collections.Counter(rec.device for rec in compiled.records.values())
     print(f"regions: {len(compiled.regions)}   nodes: " + ", ".join(f"{d} {n}" for d, n in sorted(placed.items())))
@@ -137,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", "-t", action="append", metavar="TARGET",
                    help="target to use, in priority order (repeat); default: every installed target")
     p.add_argument("--host-only", action="store_true", help="use no target: everything runs on the host")
+    add_shape_argument(p)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="compile and run a model (or run a .byoc bundle) on .npy inputs")
@@ -147,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", "-o", metavar="DIR", help="write each output as DIR/<name>.npy")
     p.add_argument("--target", "-t", action="append", metavar="TARGET",
                    help="target to use, in priority order (repeat); default: every installed target")
+    add_shape_argument(p)
     p.set_defaults(func=cmd_run)
 
     from byoc.report.commands import add_commands  # explain, partition, targets, doctor

@@ -22,6 +22,7 @@ from byoc.partition.partitioner import (
     subgraph_scopes,
 )
 from byoc.partition.types import Artifact, Region, Target
+from byoc.frontend.shapes import fix_input_shapes
 from byoc.passes.simplify import drop_legacy_initializer_inputs
 from byoc.plugins import Registry, get_registry
 from byoc.runtime.compiled import CompiledModel
@@ -210,6 +211,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     registry: Registry | None = None,
     hook_timeout: float | None = HOOK_TIMEOUT,
     calibration: Iterable[Mapping[str, np.ndarray]] | None = None,
+    input_shapes: Mapping[str, Sequence[int] | int] | None = None,
 ) -> CompiledModel:
     """Compile an ONNX model.
 
@@ -228,6 +230,9 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         targets that run quantised code (``Target.needs_calibration``, see :mod:`byoc.quantize`).
         Without it such a target raises :class:`byoc.CalibrationRequiredError` when listed in
         ``targets``, and is skipped when ``targets=None`` (``options["skipped_targets"]`` says why).
+    :param input_shapes: fixed input shapes, applied before shape inference: input name -> shape
+        (``{"x": [1, 3, 224, 224]}``) or symbolic dimension name -> size (``{"batch": 1}``); see
+        :mod:`byoc.frontend.shapes`. Static-shape targets then place their regions at compile time.
     :returns: a :class:`CompiledModel`.
     """
     from byoc import passes as _passes
@@ -244,6 +249,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
 
     ir_model = load_model(model, budget=budget, require_kernels=not selected)
     drop_legacy_initializer_inputs(ir_model)
+    fix_input_shapes(ir_model, input_shapes, budget)
     static = [t for t in selected if t.shape_policy != "dynamic"]
     if static:
         proto = ir.to_proto(ir_model)

@@ -20,6 +20,9 @@ _PROTO_LIMIT = 1_800_000_000
 def _targets_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", "-t", action="append", metavar="TARGET",
                    help="target to use, in priority order (repeat); default: every installed target")
+    from byoc.frontend.shapes import add_shape_argument
+
+    add_shape_argument(p)  # --shape NAME=D1,D2,... (explain and partition)
 
 
 def _compile(args: argparse.Namespace):
@@ -32,9 +35,14 @@ def _compile(args: argparse.Namespace):
     if is_bundle is not None and Path(args.model).is_file() and is_bundle(args.model):
         if args.target is not None:
             raise InputError(f"{args.model} is a bundle: its targets were fixed when it was compiled; drop --target")
+        if getattr(args, "shape", None):
+            raise InputError(f"{args.model} is a bundle: its input shapes were fixed when it was compiled; drop --shape")
         # a region whose plugin is missing runs on the host; the report shows it as a fallback
         return load(args.model, fallback="host")
-    return byoc.compile(args.model, targets=args.target, strict=args.strict)
+    from byoc.frontend.shapes import parse_shape_args
+
+    return byoc.compile(args.model, targets=args.target, strict=args.strict,
+                        input_shapes=parse_shape_args(getattr(args, "shape", None)))
 
 
 def _write(dest: str, text: str, what: str) -> None:
