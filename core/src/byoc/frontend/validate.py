@@ -332,7 +332,7 @@ def _check_definitions(g: GraphProto, where: str, scope: str, walk: _Walk) -> tu
         if vi.name in inputs:
             raise ModelValidationError(f"graph input {vi.name!r} is declared twice{where}")
         inputs.add(vi.name)
-        _check_value_info(vi, "graph input", where, walk)
+        _check_value_info(vi, "graph input", where)
     inits: set[str] = set()
     for t in g.initializer:
         what = f"initializer {t.name!r}{scope}"
@@ -352,9 +352,11 @@ def _check_definitions(g: GraphProto, where: str, scope: str, walk: _Walk) -> tu
         inits.add(name)
         _check_sparse(st, what, walk)
     for vi in g.output:
-        _check_value_info(vi, "graph output", where, walk)
+        _check_value_info(vi, "graph output", where)
     for vi in g.value_info:
-        _check_value_info(vi, "value_info", where, walk)
+        _check_value_info(vi, "value_info", where)
+    for vi in g.input:  # after the initializers: a tensor over budget is named before a declared shape
+        _check_value_info(vi, "graph input", where, walk)
     return inputs, inits
 
 
