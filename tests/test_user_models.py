@@ -145,3 +145,41 @@ def test_cli_shape_on_compile_run_explain_partition(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "OptionError" in err and "'nope'" in err and "'N'" in err
     assert cli.main(["run", str(path), "--shape", "x=a,b", "-i", f"x={tmp_path / 'x.npy'}"]) == 2
+
+
+# -- every compiled model round-trips, with the cpu plugin ----------------------------------
+
+
+def test_random_graphs_roundtrip_on_cpu():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from byoc.testing.graphs import LAYERS, layer_dags
+    from byoc.testing.roundtrip import assert_roundtrip
+
+    @settings(max_examples=15)
+    @given(model=layer_dags(sorted(LAYERS), max_nodes=6), seed=st.integers(0, 2**31 - 1))
+    def check(model, seed):
+        rng = np.random.default_rng(seed)
+        feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+                 for i in model.graph.input}
+        assert_roundtrip(model, feeds, ["cpu"], "random graph")
+
+    check()
+
+
+def _node_cases():
+    from byoc.testing.roundtrip import node_case_sample
+
+    return node_case_sample(every=40)
+
+
+@pytest.mark.parametrize("case", _node_cases(), ids=lambda c: c.name)
+def test_node_cases_roundtrip_on_cpu(case):
+    from byoc.testing.roundtrip import assert_roundtrip, node_case_feeds
+
+    try:
+        byoc.compile(case.model, targets=["cpu"])
+    except byoc.ByocError as exc:
+        pytest.skip(f"not compiled: {type(exc).__name__}: {exc}")
+    assert_roundtrip(case.model, node_case_feeds(case), ["cpu"], case.name)

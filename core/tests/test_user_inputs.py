@@ -137,3 +137,14 @@ def test_parse_shape_args():
             parse_shape_args([bad])
     with pytest.raises(OptionError, match="given twice"):
         parse_shape_args(["x=1", "x=2"])
+
+
+@pytest.mark.parametrize("quirk", sorted(QUIRKS))
+def test_exporter_dims_roundtrip_through_a_bundle(quirk):
+    """Found by the exporter corpus (TorchScript transformer encoder on cpu): a graph input or
+    output of unknown rank passed the frontend (which relaxes that one checker rule) and
+    ``save``, then the bundle loader's checker refused it. Both paths now check alike."""
+    from byoc.testing.roundtrip import assert_roundtrip
+
+    feeds = {"x": np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)}
+    assert_roundtrip(_model(**QUIRKS[quirk]), feeds, [], quirk)

@@ -584,9 +584,22 @@ def _check_onnx(proto: onnx.ModelProto, name: str, origin: str, budget: Budget) 
     except RecursionError:
         raise fail("subgraphs nested too deeply") from None
     try:
-        onnx.checker.check_model(proto)
+        # the checker rule the frontend relaxes (inputs/outputs of unknown rank) is relaxed here too:
+        # a region's boundary is an intermediate value of the user's model, where unknown rank is legal
+        with _checker_relaxations(proto):
+            onnx.checker.check_model(proto)
     except Exception as exc:
         raise fail(f"the ONNX checker rejects it: {str(exc).strip() or type(exc).__name__}") from None
+
+
+def _checker_relaxations(proto: onnx.ModelProto):
+    """The frontend loader's relaxations of the ONNX checker (the same validation on both paths)."""
+    import contextlib
+
+    from byoc.frontend import loader
+
+    relaxed = getattr(loader, "_shapes_relaxed", None)
+    return relaxed(proto) if relaxed is not None else contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------------------------------------
