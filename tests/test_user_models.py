@@ -183,3 +183,20 @@ def test_node_cases_roundtrip_on_cpu(case):
     except byoc.ByocError as exc:
         pytest.skip(f"not compiled: {type(exc).__name__}: {exc}")
     assert_roundtrip(case.model, node_case_feeds(case), ["cpu"], case.name)
+
+
+def test_save_refuses_a_model_specialised_at_run_time(tmp_path):
+    """Found by the exporter corpus (onnxscript model with a symbolic batch, on cpu): cpu generates
+    code per input shape, so the compiled model ran cpu code while its bundle held only the
+    host base: other bits after loading. save refuses it and names input_shapes=; with fixed
+    shapes it round-trips bit for bit."""
+    from byoc.errors import BundleError
+    from byoc.testing.roundtrip import assert_roundtrip
+
+    m = _dynamic_batch_net()
+    compiled = byoc.compile(m, targets=["cpu"])
+    with pytest.raises(BundleError, match=r"\['cpu'\].*x \['N'\].*input_shapes="):
+        compiled.save(tmp_path / "m.byoc")
+    assert not (tmp_path / "m.byoc").exists()
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)}
+    assert_roundtrip(m, feeds, ["cpu"], "fixed batch", input_shapes={"N": 2})

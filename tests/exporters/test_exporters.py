@@ -29,6 +29,7 @@ onnxscript = pytest.importorskip("onnxscript")
 import byoc  # noqa: E402
 from byoc import cli  # noqa: E402
 from byoc.testing.oracle import run_onnxruntime  # noqa: E402
+from onnxscript import FLOAT  # noqa: E402,F401 - used in an onnxscript annotation
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,7 +109,8 @@ TORCH_MODELS = {
 
 
 def _onnxscript_model() -> onnx.ModelProto:
-    from onnxscript import FLOAT, script
+    # FLOAT must be a module global: onnxscript evaluates the (postponed) annotations there
+    from onnxscript import script
     from onnxscript import opset18 as op
 
     rng = np.random.default_rng(0)
@@ -190,9 +192,12 @@ def test_exported_model(name, how, tmp_path, capsys):
     path, feeds = _export(name, how)
     proto = onnx.load(str(path))
     want = run_onnxruntime(proto, feeds)
+    # fixed shapes (what a user passes for a model with symbolic dims, e.g. onnxscript's "N"):
+    # cpu generates code per shape, so only then does the bundle hold cpu's regions
+    shapes = {k: list(v.shape) for k, v in feeds.items()}
     for targets in ([], ["cpu"]):
         what = f"{name} ({how}, targets={targets})"
-        compiled = byoc.compile(str(path), targets=targets)
+        compiled = byoc.compile(str(path), targets=targets, input_shapes=shapes)
         got = compiled.run(feeds)
         _assert_close(got, want, what)
         # bundle round trip: bit-identical
@@ -204,7 +209,8 @@ def test_exported_model(name, how, tmp_path, capsys):
 
     # the placement report, as a user would ask for it
     report = tmp_path / "report.json"
-    assert cli.main(["explain", str(path), "-t", "cpu", "--json", str(report)]) == 0
+    shape_args = [a for k, v in shapes.items() for a in ("--shape", f"{k}={','.join(map(str, v))}")]
+    assert cli.main(["explain", str(path), "-t", "cpu", *shape_args, "--json", str(report)]) == 0
     capsys.readouterr()
     data = json.loads(report.read_text())
     nodes = data["nodes"]

@@ -183,6 +183,7 @@ def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
     from byoc import __version__
     from byoc.hookspecs import HOOK_API_VERSION
 
+    _refuse_deferred_targets(cm)
     fallback = dict(getattr(cm, "host_fallback", {}) or {})
     region_target = {cr.region.name: cr.region.target for cr in cm.regions}
     budget = getattr(cm, "budget", None)
@@ -236,6 +237,28 @@ def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
         "members": {name: {"sha256": _sha256(data), "size": len(data)} for name, data in sorted(members.items())},
     }
     return {MANIFEST: _json_bytes(manifest, "the manifest"), **members}
+
+
+def _refuse_deferred_targets(cm: "CompiledModel") -> None:
+    """A model whose static-shape targets compile per input shape at run time cannot be bundled
+    faithfully: the bundle would hold only the host-side base, whose outputs differ from what
+    ``run`` gives with the specialised targets. Refused, pointing at ``input_shapes=``."""
+    spec = getattr(cm, "specializer", None)
+    if spec is None:
+        return
+    names = [t.name for t in spec.static_targets]
+    symbolic = []
+    for v in spec.proto.graph.input:
+        tt = v.type.tensor_type
+        dims = [d.dim_param or "?" for d in tt.shape.dim if not d.HasField("dim_value")] if tt.HasField("shape") \
+            else ["(unknown rank)"]
+        if dims:
+            symbolic.append(f"{v.name} {dims}")
+    raise BundleError(
+        f"cannot save: target(s) {names} compile per input shape at run time and the model's inputs are not "
+        f"fixed ({'; '.join(symbolic)}); a bundle would run their nodes on the host instead. Fix the shapes when "
+        f"compiling: byoc.compile(..., input_shapes={{...}}) or `--shape NAME=D1,D2,...`, then save"
+    )
 
 
 def save(cm: "CompiledModel", path: str | os.PathLike) -> Path:
