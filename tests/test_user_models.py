@@ -200,3 +200,48 @@ def test_save_refuses_a_model_specialised_at_run_time(tmp_path):
     assert not (tmp_path / "m.byoc").exists()
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)}
     assert_roundtrip(m, feeds, ["cpu"], "fixed batch", input_shapes={"N": 2})
+
+
+# -- what a new plugin starts with --------------------------------------------------------------
+
+
+def test_new_plugin_pins_the_core_and_starts_below_the_builtins(tmp_path, capsys):
+    import importlib.util
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    from byoc.plugins import get_registry
+
+    assert cli.main(["new-plugin", "newchip", "--dir", str(tmp_path / "p")]) == 0
+    capsys.readouterr()
+    project = tomllib.loads((tmp_path / "p" / "pyproject.toml").read_text())["project"]
+    assert "byoc-core>=2.0,<3" in project["dependencies"]
+    assert not any(c.startswith("Framework :: byoc") for c in project.get("classifiers", []))
+    # the target it registers: priority below every built-in (cpu is -10)
+    spec = importlib.util.spec_from_file_location("byoc_newchip_plugin", tmp_path / "p" / "src" / "byoc_newchip" / "plugin.py")
+    module = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.path.insert(0, str(tmp_path / "p" / "src"))
+    try:
+        spec.loader.exec_module(module)
+        found = []
+        module.byoc_register_targets(found.append)
+    finally:
+        sys.path.remove(str(tmp_path / "p" / "src"))
+    builtins = [t for t in get_registry().targets.values() if t.name in ("cpu", "jetson", "vitis")]
+    assert found and builtins
+    assert all(found[0].priority < t.priority for t in builtins), (found[0].priority, [(t.name, t.priority) for t in builtins])
+
+
+def test_plugins_pin_the_core_by_hook_api_major():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    core = tomllib.loads((root / "core" / "pyproject.toml").read_text())["project"]
+    assert core["name"] == "byoc-core" and core["version"] == byoc.__version__
+    major = int(core["version"].split(".")[0])
+    for pyproject in sorted(root.glob("plugins/*/pyproject.toml")) + sorted(root.glob("tests/plugins/*/pyproject.toml")):
+        deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+        assert f"byoc-core>={major}.0,<{major + 1}" in deps, pyproject
+        assert not any(d.split("[")[0].split(">")[0].split("=")[0].strip() == "byoc" for d in deps), pyproject
