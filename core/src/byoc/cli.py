@@ -23,6 +23,7 @@ from typing import NoReturn, Sequence
 import numpy as np
 
 from byoc.errors import ByocError, InputError
+from byoc.frontend.shapes import add_shape_argument
 
 EXIT_ERROR = 2
 EXIT_INTERNAL = 3
@@ -194,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target to use, in priority order (repeat); default: every installed target")
     p.add_argument("--host-only", action="store_true", help="use no target: everything runs on the host")
     add_calibration_args(p)
+    add_shape_argument(p)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="compile and run a model (or run a .byoc bundle) on .npy inputs")
@@ -214,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=1, metavar="N", help="--ray: actors in the pool (default 1)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="--ray: rows per batch (default 16)")
     p.add_argument("--npy", action="store_true", help="--ray: write OUT/<row>/<output>.npy instead of Parquet")
+    add_shape_argument(p)
     p.set_defaults(func=cmd_run)
 
     from byoc.report.commands import add_commands  # explain, partition, targets, doctor

@@ -191,6 +191,7 @@ def compile_or_load(args: argparse.Namespace, *, strict: bool = False, host_fall
     Every check (model path, target names, calibration files) happens before any work.
     """
     import byoc
+    from byoc.frontend.shapes import parse_shape_args
     from byoc.progress import phase
 
     check_model_path(args.model)
@@ -202,13 +203,16 @@ def compile_or_load(args: argparse.Namespace, *, strict: bool = False, host_fall
             raise InputError(f"{args.model} is a bundle: its placement was fixed when it was compiled; drop --placement")
         if getattr(args, "calibration", None) is not None:
             raise InputError(f"{args.model} is a bundle: it was calibrated when it was compiled; drop --calibration")
+        if getattr(args, "shape", None):
+            raise InputError(f"{args.model} is a bundle: its input shapes were fixed when it was compiled; drop --shape")
         with phase(f"load bundle {args.model}"):
             return byoc.load(args.model, fallback="host" if host_fallback else None)
     chosen = check_targets(targets)
     io = model_io(args.model) if getattr(args, "calibration", None) is not None else None
     calibration = load_calibration_arg(args, chosen, io[0] if io else None)
     compiled = byoc.compile(args.model, targets=targets, strict=strict, calibration=calibration,
-                            placement=getattr(args, "placement", "priority"))
+                            placement=getattr(args, "placement", "priority"),
+                            input_shapes=parse_shape_args(getattr(args, "shape", None)))
     note_skipped(compiled)
     return compiled
 

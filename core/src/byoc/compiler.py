@@ -35,6 +35,7 @@ from byoc.partition.placement import PLACEMENTS
 from byoc.partition.records import NodeRecord
 from byoc.contract import Region, Target
 from byoc.contract.options import resolve_options as _resolve
+from byoc.frontend.shapes import fix_input_shapes
 from byoc.passes.simplify import drop_legacy_initializer_inputs
 from byoc.plugins import Registry, get_registry
 from byoc.quantize import pipeline as _quant
@@ -94,6 +95,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     hook_timeout: float | None = HOOK_TIMEOUT,
     calibration: Iterable[Mapping[str, np.ndarray]] | None = None,
     placement: str = "priority",
+    input_shapes: Mapping[str, Sequence[int] | int] | None = None,
 ) -> CompiledModel:
     """Compile an ONNX model.
 
@@ -118,6 +120,9 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         is chosen over the whole graph to minimise estimated time: the targets' ``byoc_cost``
         hooks or byoc's FLOPs/bytes model, transfers over ``Target.bandwidth`` and
         ``Target.launch_overhead``; see :mod:`byoc.partition.placement`).
+    :param input_shapes: fixed input shapes, applied before shape inference: input name -> shape
+        (``{"x": [1, 3, 224, 224]}``) or symbolic dimension name -> size (``{"batch": 1}``); see
+        :mod:`byoc.frontend.shapes`. Static-shape targets then place their regions at compile time.
     :returns: a :class:`CompiledModel`.
     """
     if placement not in PLACEMENTS:
@@ -137,6 +142,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     options = resolve_options(selected, target_options)
 
     ir_model = _load(model, budget, require_kernels=not selected)
+    fix_input_shapes(ir_model, input_shapes, budget)
     if any(t.shape_policy != "dynamic" for t in selected) and has_symbolic_ir_inputs(ir_model):
         proto = ir.to_proto(ir_model)
         if has_symbolic_inputs(proto):

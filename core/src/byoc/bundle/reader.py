@@ -32,6 +32,8 @@ from byoc.bundle.format import (
 )
 from byoc.errors import BundleError, ByocError
 from byoc.frontend import validate
+from byoc.frontend.loader import shapes_relaxed
+from byoc.passes.simplify import drop_legacy_initializer_inputs
 
 #: zip bookkeeping allowed on top of the contents when checking a file's size against the budget
 ARCHIVE_SLACK = 1 << 20
@@ -234,28 +236,40 @@ def parse_onnx(data: bytes, name: str, origin: str, budget: Budget) -> ir.Model:
         raise fail(f"not a readable ONNX protobuf: {type(exc).__name__}: {exc}") from None
     if not proto.HasField("graph"):
         raise fail("the protobuf holds no graph")
+    check_onnx(proto, name, origin, budget)
+    try:
+        model = ir.from_proto(proto)
+    except Exception as exc:
+        raise fail(f"cannot convert to byoc's IR: {type(exc).__name__}: {exc}") from None
+    # a model of IR version < 4 is written with its initializers listed as inputs (its own IR's
+    # rule, see byoc.bundle.writer): read them as the constants they are
+    drop_legacy_initializer_inputs(model)
+    return model
+
+
+def check_onnx(proto: onnx.ModelProto, name: str, origin: str, budget: Budget) -> None:
+    """What the loader requires of an ONNX member; ``save`` applies the same checks to what it writes."""
+    def fail(msg: str) -> BundleError:
+        return BundleError(f"{origin}: member {name!r}: {msg}")
+
     external = external_tensor(proto.graph)
     if external is not None:
         raise fail(f"{external} refers to external data; a bundle holds all its data")
     try:
         # the frontend's structural checks (text, budgets on declared sizes, names, cycles; sorts)
-        if hasattr(validate, "check_structure"):
-            validate.check_text(proto, origin=f"{origin}:{name}")
-            validate.check_structure(proto, budget=budget)
-        else:  # pragma: no cover - older frontend
-            validate.check_proto(proto, budget=budget, base_dir=None)
+        validate.check_text(proto, origin=f"{origin}:{name}")
+        validate.check_structure(proto, budget=budget)
     except ByocError as exc:
         raise fail(f"{type(exc).__name__}: {exc}") from None
     except RecursionError:
         raise fail("subgraphs nested too deeply") from None
     try:
-        onnx.checker.check_model(proto)
+        # the checker rule the frontend relaxes (inputs/outputs of unknown rank) is relaxed here too:
+        # a region's boundary is an intermediate value of the user's model, where unknown rank is legal
+        with shapes_relaxed(proto):
+            onnx.checker.check_model(proto)
     except Exception as exc:
         raise fail(f"the ONNX checker rejects it: {str(exc).strip() or type(exc).__name__}") from None
-    try:
-        return ir.from_proto(proto)
-    except Exception as exc:
-        raise fail(f"cannot convert to byoc's IR: {type(exc).__name__}: {exc}") from None
 
 
-__all__ = ["Reader", "parse_json", "parse_onnx", "require"]
+__all__ = ["Reader", "check_onnx", "parse_json", "parse_onnx", "require"]

@@ -10,10 +10,11 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+import onnx
 import onnx_ir as ir
 
 from byoc._version import __version__
-from byoc.budget import _fmt_bytes
+from byoc.budget import DEFAULT_BUDGET, Budget, _fmt_bytes
 from byoc.bundle.format import (
     COMPILED,
     FORMAT,
@@ -25,6 +26,7 @@ from byoc.bundle.format import (
     region_members,
     sha256,
 )
+from byoc.bundle.reader import check_onnx
 from byoc.errors import BundleError
 from byoc.contract import HOOK_API_VERSION
 
@@ -43,7 +45,7 @@ def _json_bytes(obj: Any, what: str) -> bytes:
     return text.encode("ascii") + b"\n"
 
 
-def _onnx_bytes(model: ir.Model, what: str) -> bytes:
+def _onnx_bytes(model: ir.Model, what: str, budget: Budget | None = None) -> bytes:
     try:
         proto = ir.to_proto(model)
     except Exception as exc:
@@ -51,10 +53,80 @@ def _onnx_bytes(model: ir.Model, what: str) -> bytes:
     external = external_tensor(proto.graph)
     if external is not None:
         raise BundleError(f"cannot save {what}: {external} keeps its data in an external file")
+    _legacy_initializer_inputs(proto)
+    _verify_written(proto, what, budget or DEFAULT_BUDGET)
     data = proto.SerializeToString(deterministic=True)
     if len(data) > PROTOBUF_LIMIT:
         raise BundleError(f"cannot save {what}: {_fmt_bytes(len(data))} is over the 2 GiB protobuf limit")
     return data
+
+
+def _legacy_initializer_inputs(proto: onnx.ModelProto) -> None:
+    """Write a model of IR version < 4 in its own IR's form: every initializer also a graph input.
+
+    byoc reads such initializer-inputs as constants (:func:`byoc.passes.simplify.drop_legacy_initializer_inputs`)
+    and keeps the model's ``ir_version`` (raising it would make them overridable inputs); the
+    reader drops them again (:func:`byoc.bundle.reader.parse_onnx`), so the interface is unchanged.
+    """
+    if proto.ir_version >= 4:
+        return
+    graph = proto.graph
+    listed = {v.name for v in graph.input}
+    for t in graph.initializer:
+        if t.name not in listed:
+            graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+            listed.add(t.name)
+    _legacy_subgraph_constants(graph, 0)
+
+
+def _legacy_subgraph_constants(graph: onnx.GraphProto, depth: int) -> None:
+    """Subgraph initializers (If/Loop/Scan bodies) cannot be body inputs, whose positions mean
+    something: in IR version < 4 they are written as ``Constant`` nodes instead (same values)."""
+    if depth > 64:
+        return
+    for node in graph.node:
+        for attr in node.attribute:
+            subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subs:
+                consts = [onnx.helper.make_node("Constant", [], [t.name], name=f"{t.name}__const", value=t)
+                          for t in sub.initializer]
+                if consts:
+                    del sub.initializer[:]
+                    nodes = consts + list(sub.node)
+                    del sub.node[:]
+                    sub.node.extend(nodes)
+                _legacy_subgraph_constants(sub, depth + 1)
+
+
+def _verify_written(proto: onnx.ModelProto, what: str, budget: Budget) -> None:
+    """The loader's checks on what ``save`` is about to write: a bundle that saves is a bundle
+    that loads; never a silent success."""
+    try:
+        check_onnx(proto, "member", "the bundle being saved", budget)
+    except BundleError as exc:
+        raise BundleError(f"cannot save {what}: byoc's loader would refuse it ({exc})") from None
+
+
+def _refuse_deferred_targets(cm: "CompiledModel") -> None:
+    """A model whose static-shape targets compile per input shape at run time cannot be bundled
+    faithfully: the bundle would hold only the host-side base, whose outputs differ from what
+    ``run`` gives with the specialised targets. Refused, pointing at ``input_shapes=``."""
+    spec = getattr(cm, "specializer", None)
+    if spec is None:
+        return
+    names = [t.name for t in spec.static_targets]
+    symbolic = []
+    for v in spec.proto.graph.input:
+        tt = v.type.tensor_type
+        dims = [d.dim_param or "?" for d in tt.shape.dim if not d.HasField("dim_value")] if tt.HasField("shape") \
+            else ["(unknown rank)"]
+        if dims:
+            symbolic.append(f"{v.name} {dims}")
+    raise BundleError(
+        f"cannot save: target(s) {names} compile per input shape at run time and the model's inputs are not "
+        f"fixed ({'; '.join(symbolic)}); a bundle would run their nodes on the host instead. Fix the shapes when "
+        f"compiling: byoc.compile(..., input_shapes={{...}}) or `--shape NAME=D1,D2,...`, then save"
+    )
 
 
 def _target_json(target) -> dict[str, Any]:
@@ -69,9 +141,11 @@ def _target_json(target) -> dict[str, Any]:
 
 def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
     """Every member of ``cm``'s bundle (manifest included), name -> bytes, in archive order."""
+    _refuse_deferred_targets(cm)
     fallback = dict(getattr(cm, "host_fallback", {}) or {})
     region_target = {cr.region.name: cr.region.target for cr in cm.regions}
-    members: dict[str, bytes] = {HOST_GRAPH: _onnx_bytes(cm.model, "the host graph")}
+    budget = getattr(cm, "budget", None)
+    members: dict[str, bytes] = {HOST_GRAPH: _onnx_bytes(cm.model, "the host graph", budget)}
     regions_json = []
     for i, cr in enumerate(cm.regions):
         region, artifact = cr.region, cr.artifact
@@ -83,7 +157,7 @@ def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
             {"target": artifact.target, "format": artifact.format, "metadata": artifact.metadata},
             f"the artifact metadata of region {region.name!r}",
         )
-        members[onnx_name] = _onnx_bytes(region.model, f"the subgraph of region {region.name!r}")
+        members[onnx_name] = _onnx_bytes(region.model, f"the subgraph of region {region.name!r}", budget)
         regions_json.append({
             "name": region.name,
             "target": region.target,

@@ -165,7 +165,7 @@ def _checker_error(proto: onnx.ModelProto) -> str | None:
 
 
 @contextlib.contextmanager
-def _shapes_relaxed(proto: onnx.ModelProto):
+def shapes_relaxed(proto: onnx.ModelProto):
     """Let the checker accept main-graph inputs/outputs of unknown rank (no ``shape`` field).
 
     The checker demands the field on the main graph only (subgraphs may omit it), and models
@@ -271,7 +271,7 @@ def load_model(
     convert = version is not None and version < CANONICAL_OPSET
     try:
         with ext.stubbed() if ext is not None else contextlib.nullcontext(), held.checker_view(), \
-                _shapes_relaxed(proto):
+                shapes_relaxed(proto):
             # The checker runs before any external data is read, and always before the C++
             # version converter, which can crash the process on a model the checker refuses.
             problem = _checker_error(proto) if (check or convert) else None

@@ -259,8 +259,59 @@ def _check_graph(g: GraphProto, outer: tuple[set[str], ...], depth: int, scope: 
 
     ``outer`` holds the value names of every enclosing graph (innermost last).
     """
-    budget = walk.budget
+    _check_graph_size(g, depth, scope, walk)
     where = scope or " in the main graph"
+    inputs, inits = _check_definitions(g, where, scope, walk)
+    producers = _check_producers(g, inputs, inits, where, scope)
+    local = inputs | inits | set(producers)
+
+    def visible(name: str) -> bool:
+        return name in local or any(name in names for names in outer)
+
+    inner = (*outer, local)
+    free: set[str] = set()
+    deps: list[set[int]] = []
+    dangling: list[str] = []
+    for idx, node in enumerate(g.node):
+        label = node_label(node, idx)
+        mine: set[int] = set()
+        for name in node.input:
+            if not name:
+                continue  # a missing optional input
+            if not visible(name):
+                dangling.append(f"{label} reads {name!r}")
+            elif name in producers:
+                mine.add(producers[name])
+            elif name not in local:
+                free.add(name)
+        _check_device_configurations(node, label, scope)
+        for attr in node.attribute:
+            _check_attribute(attr, node, label, scope, walk)
+            subgraphs = list(attr.graphs)
+            if attr.HasField("g"):
+                subgraphs.insert(0, attr.g)
+            for sub in subgraphs:
+                sub_scope = f" in subgraph {attr.name!r} of {label}{scope}"
+                used = _check_graph(sub, inner, depth + 1, sub_scope, walk)
+                for name in used:
+                    if name in producers:
+                        mine.add(producers[name])  # implicit input: must run after its producer
+                    elif name not in local:
+                        free.add(name)
+        deps.append(mine)
+    if dangling:
+        shown = "; ".join(dangling[:20]) + (f"; and {len(dangling) - 20} more" if len(dangling) > 20 else "")
+        raise ModelValidationError(
+            f"{len(dangling)} node input(s){where} read a value that no node produces and that is neither "
+            f"a graph input nor an initializer: {shown}"
+        )
+    free |= _check_graph_outputs(g, local, visible, where, scope)
+    _sort_in_place(g, deps, scope)
+    return free
+
+
+def _check_graph_size(g: GraphProto, depth: int, scope: str, walk: _Walk) -> None:
+    budget = walk.budget
     if depth > budget.max_nesting:
         raise ResourceLimitError(
             f"subgraph{scope} is nested {depth} levels deep, over the budget max_nesting={budget.max_nesting}"
@@ -272,7 +323,9 @@ def _check_graph(g: GraphProto, outer: tuple[set[str], ...], depth: int, scope: 
             f"raise byoc.Budget(max_nodes=...) if this model is genuine"
         )
 
-    # value names defined by the graph itself
+
+def _check_definitions(g: GraphProto, where: str, scope: str, walk: _Walk) -> tuple[set[str], set[str]]:
+    """The graph's inputs and initializers (names, declared shapes, tensors); returns both name sets."""
     inputs: set[str] = set()
     for vi in g.input:
         if vi.name in inputs:
@@ -299,7 +352,15 @@ def _check_graph(g: GraphProto, outer: tuple[set[str], ...], depth: int, scope: 
         _check_sparse(st, what, walk)
     for vi in g.output:
         _check_value_info(vi, "graph output", where)
+    for vi in g.value_info:
+        _check_value_info(vi, "value_info", where)
+    for vi in g.input:  # after the initializers: a tensor over budget is named before a declared shape
+        _check_value_info(vi, "graph input", where, walk)
+    return inputs, inits
 
+
+def _check_producers(g: GraphProto, inputs: set[str], inits: set[str], where: str, scope: str) -> dict[str, int]:
+    """value name -> index of the node producing it; every name assigned exactly once."""
     producers: dict[str, int] = {}
     for idx, node in enumerate(g.node):
         for out in node.output:
@@ -320,55 +381,22 @@ def _check_graph(g: GraphProto, outer: tuple[set[str], ...], depth: int, scope: 
                     f"every value name must be assigned exactly once"
                 )
             producers[out] = idx
+    return producers
 
-    local = inputs | inits | set(producers)
 
-    def visible(name: str) -> bool:
-        return name in local or any(name in names for names in outer)
+def _check_device_configurations(node: NodeProto, label: str, scope: str) -> None:
+    for dc in getattr(node, "device_configurations", ()):
+        # multi-device annotations (onnx >= 1.18); byoc ignores them but must be able to write them back
+        if not dc.configuration_id or any(not spec.tensor_name for spec in dc.sharding_spec):
+            raise ModelValidationError(
+                f"{label}{scope}: a device configuration without configuration_id or a sharding spec "
+                f"without tensor_name"
+            )
 
-    inner = (*outer, local)
+
+def _check_graph_outputs(g: GraphProto, local: set[str], visible, where: str, scope: str) -> set[str]:
+    """Graph outputs: named, listed once, produced somewhere; returns those read from outer graphs."""
     free: set[str] = set()
-    deps: list[set[int]] = []
-    dangling: list[str] = []
-    for idx, node in enumerate(g.node):
-        label = node_label(node, idx)
-        mine: set[int] = set()
-        for name in node.input:
-            if not name:
-                continue  # a missing optional input
-            if not visible(name):
-                dangling.append(f"{label} reads {name!r}")
-            elif name in producers:
-                mine.add(producers[name])
-            elif name not in local:
-                free.add(name)
-        for dc in getattr(node, "device_configurations", ()):
-            # multi-device annotations (onnx >= 1.18); byoc ignores them but must be able to write them back
-            if not dc.configuration_id or any(not spec.tensor_name for spec in dc.sharding_spec):
-                raise ModelValidationError(
-                    f"{label}{scope}: a device configuration without configuration_id or a sharding spec "
-                    f"without tensor_name"
-                )
-        for attr in node.attribute:
-            _check_attribute(attr, node, label, scope, walk)
-            subgraphs = list(attr.graphs)
-            if attr.HasField("g"):
-                subgraphs.insert(0, attr.g)
-            for sub in subgraphs:
-                sub_scope = f" in subgraph {attr.name!r} of {label}{scope}"
-                used = _check_graph(sub, inner, depth + 1, sub_scope, walk)
-                for name in used:
-                    if name in producers:
-                        mine.add(producers[name])  # implicit input: must run after its producer
-                    elif name not in local:
-                        free.add(name)
-        deps.append(mine)
-    if dangling:
-        shown = "; ".join(dangling[:20]) + (f"; and {len(dangling) - 20} more" if len(dangling) > 20 else "")
-        raise ModelValidationError(
-            f"{len(dangling)} node input(s){where} read a value that no node produces and that is neither "
-            f"a graph input nor an initializer: {shown}"
-        )
     seen_out: set[str] = set()
     for vi in g.output:
         if vi.name in seen_out:
@@ -383,20 +411,42 @@ def _check_graph(g: GraphProto, outer: tuple[set[str], ...], depth: int, scope: 
             )
         if vi.name not in local:
             free.add(vi.name)
-    _sort_in_place(g, deps, scope)
     return free
 
 
-def _check_value_info(vi, kind: str, where: str) -> None:
+#: ``dim_value: -1`` is how some exporters (paddle2onnx, older TensorFlow converters) write a
+#: dynamic dimension; onnxruntime reads it as unknown, and so does byoc (the value is cleared)
+_DYNAMIC_DIM_VALUE = -1
+
+
+def _check_value_info(vi, kind: str, where: str, walk: _Walk | None = None) -> None:
+    """Declared shapes: ``-1`` becomes an unknown (symbolic) dimension, as in onnxruntime; any
+    other negative dimension, or known dimensions whose product is over the tensor budget, is refused."""
     tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
     if tt is None or not tt.HasField("shape"):
         return
+    known = []
     for d in tt.shape.dim:
-        if d.HasField("dim_value") and d.dim_value < 0:
+        if not d.HasField("dim_value"):
+            continue
+        if d.dim_value == _DYNAMIC_DIM_VALUE:
+            d.ClearField("dim_value")  # unknown, like a dim with neither value nor param
+            continue
+        if d.dim_value < 0:
             raise ModelValidationError(
                 f"{kind} {vi.name!r}{where}: negative dimension {d.dim_value} in its declared shape; "
-                f"dimensions must be >= 0 or symbolic"
+                f"dimensions must be >= 0, symbolic, or -1 (unknown)"
             )
+        known.append(d.dim_value)
+    if walk is None or 0 in known:
+        return
+    nbytes = math.prod(known) * max(1, _BITS.get(tt.elem_type, 8) // 8)
+    if nbytes > walk.budget.max_tensor_bytes:
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
+        raise ResourceLimitError(
+            f"{kind} {vi.name!r}{where}: its declared shape {shape} needs at least {_fmt_bytes(nbytes)}, over the budget max_tensor_bytes="
+            f"{_fmt_bytes(walk.budget.max_tensor_bytes)}"
+        )
 
 
 def _check_attribute(attr: AttributeProto, node: NodeProto, label: str, scope: str, walk: _Walk) -> None:

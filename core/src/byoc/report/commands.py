@@ -23,6 +23,9 @@ def _targets_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placement", choices=["priority", "cost"], default="priority",
                    help="priority (default): each target in turn takes what it supports; cost: every node where "
                         "the estimates say the whole model runs fastest (the report lists each region's alternatives)")
+    from byoc.frontend.shapes import add_shape_argument
+
+    add_shape_argument(p)  # --shape NAME=D1,D2,... (explain and partition)
 
 
 def _compile(args: argparse.Namespace):

@@ -64,8 +64,13 @@ def _random_weight(rng: np.random.Generator, shape: tuple[int, ...], role: tuple
     return w.astype(np.float32)
 
 
-def randomize(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
-    """A copy of ``model`` whose weights are seeded random initializers (ConstantOfShape removed)."""
+def randomize(model: onnx.ModelProto, seed: int = 0, *, keep_ir_version: bool = False) -> onnx.ModelProto:
+    """A copy of ``model`` whose weights are seeded random initializers (ConstantOfShape removed).
+
+    :param keep_ir_version: keep the file's ``ir_version`` (3 for the zoo files) and its IR's
+        rule that every initializer is also a graph input; by default the weights stop being
+        inputs and ``ir_version`` is raised to 4.
+    """
     rng = np.random.default_rng(seed)
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
@@ -93,19 +98,27 @@ def randomize(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     graph.node.extend(new_nodes)
     del graph.initializer[:]
     graph.initializer.extend(new_inits)
-    # weights are no longer graph inputs (IR version 3 listed every initializer as an input)
-    dropped = {t.name for t in new_inits} | {t.name for t in inits.values() if t.name.endswith("__SHAPE")}
-    keep = [i for i in graph.input if i.name not in dropped]
+    shapes = {t.name for t in inits.values() if t.name.endswith("__SHAPE")}
+    if keep_ir_version and model.ir_version < 4:
+        # the file's own IR: every initializer is also a graph input (the shapes' are gone with ConstantOfShape)
+        keep = [i for i in graph.input if i.name not in shapes]
+        listed = {i.name for i in keep}
+        keep += [onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                 for t in new_inits if t.name not in listed]
+    else:
+        # weights are no longer graph inputs (IR version 3 listed every initializer as an input)
+        dropped = {t.name for t in new_inits} | shapes
+        keep = [i for i in graph.input if i.name not in dropped]
+        if model.ir_version < 4:
+            model.ir_version = 4
     del graph.input[:]
     graph.input.extend(keep)
-    if model.ir_version < 4:
-        model.ir_version = 4
     return model
 
 
-def load_zoo(name: str, seed: int = 0) -> onnx.ModelProto:
-    """The architecture ``name`` (a key of :data:`ZOO`) with seeded random weights."""
-    return randomize(onnx.load(str(zoo_path(name))), seed)
+def load_zoo(name: str, seed: int = 0, *, keep_ir_version: bool = False) -> onnx.ModelProto:
+    """The architecture ``name`` (a key of :data:`ZOO`) with seeded random weights (see :func:`randomize`)."""
+    return randomize(onnx.load(str(zoo_path(name))), seed, keep_ir_version=keep_ir_version)
 
 
 def zoo_inputs(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]:
