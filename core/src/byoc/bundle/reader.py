@@ -18,6 +18,7 @@ import onnx
 import onnx_ir as ir
 
 from byoc.budget import Budget, _fmt_bytes
+from byoc.bundle import shared
 from byoc.bundle.format import (
     FORMAT,
     FORMAT_VERSION,
@@ -218,8 +219,10 @@ def require(where: tuple[str, Mapping[str, Any]], key: str, kind: type, origin: 
 
 
 
-def parse_onnx(data: bytes, name: str, origin: str, budget: Budget) -> ir.Model:
-    """Parse an ONNX member with the frontend's structural checks; external data is refused."""
+def parse_onnx(data: bytes, name: str, origin: str, budget: Budget, artifact: bytes | None = None) -> ir.Model:
+    """Parse an ONNX member with the frontend's structural checks; external data is refused,
+    except references to ``artifact`` (a region subgraph's weights kept once, in its artifact
+    member: :mod:`byoc.bundle.shared`), whose bytes are put back first."""
     def fail(msg: str) -> BundleError:
         return BundleError(f"{origin}: member {name!r}: {msg}")
 
@@ -234,6 +237,7 @@ def parse_onnx(data: bytes, name: str, origin: str, budget: Budget) -> ir.Model:
         raise fail(f"not a readable ONNX protobuf: {type(exc).__name__}: {exc}") from None
     if not proto.HasField("graph"):
         raise fail("the protobuf holds no graph")
+    shared.resolve(proto.graph, artifact, fail)
     external = external_tensor(proto.graph)
     if external is not None:
         raise fail(f"{external} refers to external data; a bundle holds all its data")

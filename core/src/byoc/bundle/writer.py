@@ -25,6 +25,7 @@ from byoc.bundle.format import (
     region_members,
     sha256,
 )
+from byoc.bundle import shared
 from byoc.errors import BundleError
 from byoc.contract import HOOK_API_VERSION
 
@@ -43,7 +44,10 @@ def _json_bytes(obj: Any, what: str) -> bytes:
     return text.encode("ascii") + b"\n"
 
 
-def _onnx_bytes(model: ir.Model, what: str) -> bytes:
+def _onnx_bytes(model: ir.Model, what: str, artifact: bytes | None = None, prune: bool = False) -> bytes:
+    """``model`` serialised; with ``artifact``, initializers whose bytes it holds become
+    references to it; with ``prune``, initializers nothing reads are left out
+    (:mod:`byoc.bundle.shared`: weights stored once)."""
     try:
         proto = ir.to_proto(model)
     except Exception as exc:
@@ -51,6 +55,10 @@ def _onnx_bytes(model: ir.Model, what: str) -> bytes:
     external = external_tensor(proto.graph)
     if external is not None:
         raise BundleError(f"cannot save {what}: {external} keeps its data in an external file")
+    if artifact is not None:
+        shared.share(proto.graph, artifact)
+    if prune:
+        shared.prune_unused(proto.graph)
     data = proto.SerializeToString(deterministic=True)
     if len(data) > PROTOBUF_LIMIT:
         raise BundleError(f"cannot save {what}: {_fmt_bytes(len(data))} is over the 2 GiB protobuf limit")
@@ -69,7 +77,7 @@ def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
     """Every member of ``cm``'s bundle (manifest included), name -> bytes, in archive order."""
     fallback = dict(getattr(cm, "host_fallback", {}) or {})
     region_target = {cr.region.name: cr.region.target for cr in cm.regions}
-    members: dict[str, bytes] = {HOST_GRAPH: _onnx_bytes(cm.model, "the host graph")}
+    members: dict[str, bytes] = {HOST_GRAPH: _onnx_bytes(cm.model, "the host graph", prune=True)}
     regions_json = []
     for i, cr in enumerate(cm.regions):
         region, artifact = cr.region, cr.artifact
@@ -81,7 +89,8 @@ def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
             {"target": artifact.target, "format": artifact.format, "metadata": artifact.metadata},
             f"the artifact metadata of region {region.name!r}",
         )
-        members[onnx_name] = _onnx_bytes(region.model, f"the subgraph of region {region.name!r}")
+        members[onnx_name] = _onnx_bytes(region.model, f"the subgraph of region {region.name!r}",
+                                         members[bin_name])
         regions_json.append({
             "name": region.name,
             "target": region.target,
