@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import zipfile
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -171,9 +172,23 @@ def _write_zip(fh, members: Mapping[str, bytes]) -> None:
             _write_member(zf, name, data)
 
 
+#: a member is deflated unless a sample of it shrinks by less than this (weights barely do, and
+#: inflating them is most of a large bundle's load time)
+_MIN_DEFLATE_GAIN = 0.1
+_SAMPLE = 1 << 20
+
+
+def _compressible(data: bytes) -> bool:
+    if len(data) <= _SAMPLE:
+        return True
+    step = len(data) // 4
+    sample = b"".join(data[i * step:i * step + _SAMPLE // 4] for i in range(4))
+    return len(zlib.compress(sample, 1)) < (1 - _MIN_DEFLATE_GAIN) * len(sample)
+
+
 def _write_member(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
-    info.compress_type = zipfile.ZIP_DEFLATED
+    info.compress_type = zipfile.ZIP_DEFLATED if _compressible(data) else zipfile.ZIP_STORED
     info.external_attr = 0o644 << 16
     info.create_system = 3  # unix, whatever the platform: byte-identical bundles everywhere
     zf.writestr(info, data, compresslevel=1)
