@@ -237,7 +237,7 @@ def parse_onnx(data: bytes, name: str, origin: str, budget: Budget, artifact: by
         raise fail(f"not a readable ONNX protobuf: {type(exc).__name__}: {exc}") from None
     if not proto.HasField("graph"):
         raise fail("the protobuf holds no graph")
-    shared.resolve(proto.graph, artifact, fail)
+    held = shared.detach(proto.graph, artifact, fail)  # checked; the bytes return after the checks
     external = external_tensor(proto.graph)
     if external is not None:
         raise fail(f"{external} refers to external data; a bundle holds all its data")
@@ -256,6 +256,7 @@ def parse_onnx(data: bytes, name: str, origin: str, budget: Budget, artifact: by
         onnx.checker.check_model(proto)
     except Exception as exc:
         raise fail(f"the ONNX checker rejects it: {str(exc).strip() or type(exc).__name__}") from None
+    shared.attach(proto.graph, held)
     try:
         return ir.from_proto(proto)
     except Exception as exc:

@@ -93,6 +93,46 @@ def prune_unused(graph: onnx.GraphProto) -> int:
     return dropped
 
 
+def detach(graph: onnx.GraphProto, artifact: bytes | None, fail) -> list[tuple[int, onnx.TensorProto]]:
+    """Check every reference to ``artifact`` (as :func:`resolve`) and swap each referring
+    initializer for a one-element stand-in of its type; returns what :func:`attach` puts back.
+    The structural checks then run on a proto without the weights (they would copy them; the
+    weights' size is already bounded by the artifact member's, which the reader budgeted)."""
+    held = []
+    for i, t in enumerate(graph.initializer):
+        if t.data_location != onnx.TensorProto.EXTERNAL or \
+                {e.key: e.value for e in t.external_data}.get("location") != LOCATION:
+            continue
+        real = onnx.TensorProto()
+        real.CopyFrom(t)
+        stand_in = graph.initializer[i]
+        stand_in.Clear()
+        stand_in.name, stand_in.data_type = real.name, real.data_type
+        stand_in.dims.append(1)
+        stand_in.raw_data = bytes(_itemsize(real, fail))
+        held.append((i, real))
+    # the bytes are only read once every reference is known to be sound
+    resolve_all = onnx.GraphProto()
+    resolve_all.initializer.extend(r for _, r in held)
+    resolve(resolve_all, artifact, fail)
+    return [(i, t) for (i, _), t in zip(held, resolve_all.initializer)]
+
+
+def attach(graph: onnx.GraphProto, held: list[tuple[int, onnx.TensorProto]]) -> None:
+    """Undo :func:`detach`: the real initializers, with their bytes, back in their places."""
+    real = {t.name: t for _, t in held}  # by name: the checks may have reordered the graph
+    for t in graph.initializer:
+        if t.name in real:
+            t.CopyFrom(real.pop(t.name))
+
+
+def _itemsize(t: onnx.TensorProto, fail) -> int:
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except Exception:
+        raise fail(f"initializer {t.name!r}: data type {t.data_type} cannot refer to artifact bytes") from None
+
+
 def resolve(graph: onnx.GraphProto, artifact: bytes | None, fail) -> None:
     """Put back, in place, the bytes of every top-level initializer that refers to ``artifact``.
     ``fail(message)`` returns the exception to raise for a malformed reference."""
@@ -111,10 +151,7 @@ def resolve(graph: onnx.GraphProto, artifact: bytes | None, fail) -> None:
         if off < 0 or length < 0 or off + length > len(artifact):
             raise fail(f"initializer {t.name!r}: artifact range [{off}, {off + length}) is outside the "
                        f"artifact's {len(artifact)} bytes")
-        try:
-            itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        except Exception:
-            raise fail(f"initializer {t.name!r}: data type {t.data_type} cannot refer to artifact bytes") from None
+        itemsize = _itemsize(t, fail)
         if any(d < 0 for d in t.dims) or int(np.prod(t.dims, dtype=np.int64)) * itemsize != length:
             raise fail(f"initializer {t.name!r}: {length} bytes do not hold dims {list(t.dims)}")
         del t.external_data[:]
@@ -122,4 +159,4 @@ def resolve(graph: onnx.GraphProto, artifact: bytes | None, fail) -> None:
         t.raw_data = artifact[off:off + length]
 
 
-__all__ = ["LOCATION", "MIN_SHARED_BYTES", "prune_unused", "resolve", "share"]
+__all__ = ["LOCATION", "MIN_SHARED_BYTES", "attach", "detach", "prune_unused", "resolve", "share"]
