@@ -27,7 +27,7 @@ no separate pass initialises the output. Work is split over byoc's thread pool
     is contiguous) times the weight matrix.
 ``winograd``
     F(2x2, 3x3) / F(4x4, 3x3) for 3x3 stride-1 layers, only where the GEMM is OpenBLAS's
-    (float64, ``BYOC_OWN_GEMM=0``): with byoc's GEMM ``shift`` measured as fast.
+    (float64, a CPU without AVX-512, or ``BYOC_OWN_GEMM=0``): with byoc's GEMM ``shift`` measured as fast.
 ``direct``
     grouped convolutions with few channels per group (depthwise): a Numba loop nest, one
     vectorisable row update per kernel tap.
@@ -65,7 +65,7 @@ _SHIFT_MAX_WASTE = 1.5
 _DIRECT_MAX_CHANNELS = 8
 # 3x3 stride-1 convolutions with at least this many input and output channels per group use
 # Winograd: F(2x2, 3x3) from an output side of _WINO_MIN_SIDE[2], F(4x4, 3x3) from _WINO_MIN_SIDE[4].
-# Only where the GEMM is OpenBLAS's (float64, or BYOC_OWN_GEMM=0): with byoc's own float32 GEMM
+# Only where the GEMM is OpenBLAS's (float64, a CPU without AVX-512, or BYOC_OWN_GEMM=0): with byoc's own float32 GEMM
 # the shift strategy measured as fast (ResNet-50's 3x3 layers: within +-15%, either way) without
 # Winograd's transforms and its rounding (F(4x4): ~6e-6 relative error)
 _WINO_MIN_CHANNELS = 8
