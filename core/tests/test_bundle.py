@@ -227,7 +227,7 @@ def test_host_only_roundtrip_never_consults_plugins(tmp_path, monkeypatch):
 def test_manifest_contents(saved):
     members = members_of(saved)
     manifest = json.loads(members["manifest.json"])
-    assert manifest["format"] == "byoc-bundle" and manifest["format_version"] == 1
+    assert manifest["format"] == "byoc-bundle" and manifest["format_version"] == 2
     assert manifest["byoc_version"] == byoc.__version__
     assert manifest["plugins"]["fake"]["plugin"] == "fake" and manifest["plugins"]["fake"]["version"] == "1.0"
     assert set(manifest["members"]) == set(members) - {"manifest.json"}

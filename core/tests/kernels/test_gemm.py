@@ -219,3 +219,36 @@ def test_implicit_gemm_property(m, k, n, init, seed):
     expected = base + a.astype(np.float64) @ full_b
     np.testing.assert_allclose(c[:, lo:], expected[:, lo:], rtol=1e-4, atol=1e-4 * np.sqrt(k))
     np.testing.assert_array_equal(c[:, :lo], before[:, :lo])
+
+
+@SETTINGS
+@given(m=st.integers(1, 30), k=st.integers(1, 300), n=st.integers(1, 100), accumulate=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_flat_table_gemm_property(m, k, n, accumulate, seed):
+    # the plugin-facing form: A packed from a block of a flat buffer (row stride > k), B found
+    # through a row table plus a base offset, C a block of a flat buffer with row stride ldc
+    rng = np.random.default_rng(seed)
+    ld, wo = k + int(rng.integers(0, 5)), int(rng.integers(0, 9))
+    w = rng.standard_normal(wo + m * ld).astype(np.float32)
+    a = w[wo:wo + m * ld].reshape(m, ld)[:, :k]
+    b = rng.standard_normal(k * 7 + n + 64).astype(np.float32)
+    bo = int(rng.integers(0, 32))
+    rows = rng.integers(0, k * 7 + 32, size=k).astype(np.int64)
+    ldc, co = n + int(rng.integers(0, 5)), int(rng.integers(0, 9))
+    c = rng.standard_normal(co + m * ldc + 3).astype(np.float32)
+    before = c.copy()
+    lo = int(rng.integers(0, max(1, n // 2)))
+    G.gemm_table(G.pack(w, wo, m, k, ld), m, k, b, bo, rows, c, co, ldc, lo, n, int(accumulate))
+    full_b = np.stack([b[bo + o:bo + o + n] for o in rows]).astype(np.float64)
+    cm = before[co:co + m * ldc].reshape(m, ldc)[:, :n].astype(np.float64)
+    expected = (cm if accumulate else 0.0) + a.astype(np.float64) @ full_b
+    got = c[co:co + m * ldc].reshape(m, ldc)
+    np.testing.assert_allclose(got[:, lo:n], expected[:, lo:], rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    untouched = np.ones(c.shape, bool)
+    untouched[co:co + m * ldc].reshape(m, ldc)[:, lo:n] = False
+    np.testing.assert_array_equal(c[untouched], before[untouched])
+
+
+def test_pack_rejects_out_of_bounds():
+    with pytest.raises(ValueError, match="does not fit"):
+        G.pack(np.zeros(10, np.float32), 2, 3, 4, 4)

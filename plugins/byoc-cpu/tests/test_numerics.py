@@ -154,6 +154,38 @@ def test_conv_with_epilogues_matches_onnxruntime(case):
     assert_close(got, onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
 
 
+@settings(max_examples=12)
+@given(conv_models())
+def test_conv_on_the_core_micro_kernel_matches_onnxruntime(case):
+    # the packed GEMM byoc-cpu runs where the CPU has AVX-512 is the core's
+    # (byoc.kernels.gemm.gemm_table); force it here whatever this machine has
+    model, feeds, strategy = case
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("byoc.kernels.gemm.FULL_WIDTH", True)
+        cpu = compile_cpu(model, conv_strategy=strategy)
+        got = cpu.run(feeds)
+    assert_close(got, onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("strategy", ["shift", "im2col"])
+def test_core_micro_kernel_is_the_one_called(strategy):
+    import byoc.kernels.gemm as core_gemm
+
+    rng = np.random.default_rng(3)
+    model = make_model([helper.make_node("Conv", ["x", "W", "B"], ["y"], pads=[1, 1, 1, 1])], {"x": (1, 16, 12, 12)},
+                       ["y"], {"W": rng.standard_normal((20, 16, 3, 3)).astype(np.float32),
+                               "B": rng.standard_normal(20).astype(np.float32)})
+    feeds = {"x": rng.standard_normal((1, 16, 12, 12)).astype(np.float32)}
+    calls = []
+    real = core_gemm.gemm_table
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(core_gemm, "FULL_WIDTH", True)
+        mp.setattr(core_gemm, "gemm_table", lambda *a: (calls.append(1), real(*a)))
+        got = compile_cpu(model, conv_strategy=strategy).run(feeds)
+    assert calls
+    assert_close(got, onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+
+
 def test_conv_1d_and_batch():
     rng = np.random.default_rng(0)
     model = make_model([helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1]),

@@ -23,7 +23,8 @@ import onnx
 from byoc.errors import BundleError
 
 FORMAT = "byoc-bundle"
-FORMAT_VERSION = 1
+#: 2: a region subgraph may refer to its artifact's bytes for its weights (byoc.bundle.shared)
+FORMAT_VERSION = 2
 SUFFIX = ".byoc"
 
 MANIFEST = "manifest.json"

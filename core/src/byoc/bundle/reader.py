@@ -18,6 +18,7 @@ import onnx
 import onnx_ir as ir
 
 from byoc.budget import Budget, _fmt_bytes
+from byoc.bundle import shared
 from byoc.bundle.format import (
     FORMAT,
     FORMAT_VERSION,
@@ -220,8 +221,10 @@ def require(where: tuple[str, Mapping[str, Any]], key: str, kind: type, origin: 
 
 
 
-def parse_onnx(data: bytes, name: str, origin: str, budget: Budget) -> ir.Model:
-    """Parse an ONNX member with the frontend's structural checks; external data is refused."""
+def parse_onnx(data: bytes, name: str, origin: str, budget: Budget, artifact: bytes | None = None) -> ir.Model:
+    """Parse an ONNX member with the frontend's structural checks; external data is refused,
+    except references to ``artifact`` (a region subgraph's weights kept once, in its artifact
+    member: :mod:`byoc.bundle.shared`), whose bytes are put back first."""
     def fail(msg: str) -> BundleError:
         return BundleError(f"{origin}: member {name!r}: {msg}")
 
@@ -236,7 +239,9 @@ def parse_onnx(data: bytes, name: str, origin: str, budget: Budget) -> ir.Model:
         raise fail(f"not a readable ONNX protobuf: {type(exc).__name__}: {exc}") from None
     if not proto.HasField("graph"):
         raise fail("the protobuf holds no graph")
+    held = shared.detach(proto.graph, artifact, fail)  # checked; the bytes return after the checks
     check_onnx(proto, name, origin, budget)
+    shared.attach(proto.graph, held)
     try:
         model = ir.from_proto(proto)
     except Exception as exc:
@@ -248,7 +253,9 @@ def parse_onnx(data: bytes, name: str, origin: str, budget: Budget) -> ir.Model:
 
 
 def check_onnx(proto: onnx.ModelProto, name: str, origin: str, budget: Budget) -> None:
-    """What the loader requires of an ONNX member; ``save`` applies the same checks to what it writes."""
+    """What the loader requires of an ONNX member (references to the region's artifact already
+    swapped for stand-ins by :func:`byoc.bundle.shared.detach`); ``save`` applies the same
+    checks to what it writes."""
     def fail(msg: str) -> BundleError:
         return BundleError(f"{origin}: member {name!r}: {msg}")
 

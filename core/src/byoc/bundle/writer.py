@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import zipfile
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -26,6 +27,7 @@ from byoc.bundle.format import (
     region_members,
     sha256,
 )
+from byoc.bundle import shared
 from byoc.bundle.reader import check_onnx
 from byoc.errors import BundleError
 from byoc.contract import HOOK_API_VERSION
@@ -45,7 +47,11 @@ def _json_bytes(obj: Any, what: str) -> bytes:
     return text.encode("ascii") + b"\n"
 
 
-def _onnx_bytes(model: ir.Model, what: str, budget: Budget | None = None) -> bytes:
+def _onnx_bytes(model: ir.Model, what: str, budget: Budget | None = None, artifact: bytes | None = None,
+                prune: bool = False) -> bytes:
+    """``model`` serialised; with ``artifact``, initializers whose bytes it holds become
+    references to it; with ``prune``, initializers nothing reads are left out
+    (:mod:`byoc.bundle.shared`: weights stored once). What is written passes the loader's checks."""
     try:
         proto = ir.to_proto(model)
     except Exception as exc:
@@ -53,8 +59,12 @@ def _onnx_bytes(model: ir.Model, what: str, budget: Budget | None = None) -> byt
     external = external_tensor(proto.graph)
     if external is not None:
         raise BundleError(f"cannot save {what}: {external} keeps its data in an external file")
+    if artifact is not None:
+        shared.share(proto.graph, artifact)
+    if prune:
+        shared.prune_unused(proto.graph)
     _legacy_initializer_inputs(proto)
-    _verify_written(proto, what, budget or DEFAULT_BUDGET)
+    _verify_written(proto, what, budget or DEFAULT_BUDGET, artifact)
     data = proto.SerializeToString(deterministic=True)
     if len(data) > PROTOBUF_LIMIT:
         raise BundleError(f"cannot save {what}: {_fmt_bytes(len(data))} is over the 2 GiB protobuf limit")
@@ -98,10 +108,19 @@ def _legacy_subgraph_constants(graph: onnx.GraphProto, depth: int) -> None:
                 _legacy_subgraph_constants(sub, depth + 1)
 
 
-def _verify_written(proto: onnx.ModelProto, what: str, budget: Budget) -> None:
+def _verify_written(proto: onnx.ModelProto, what: str, budget: Budget, artifact: bytes | None) -> None:
     """The loader's checks on what ``save`` is about to write: a bundle that saves is a bundle
-    that loads; never a silent success."""
+    that loads; never a silent success. References to ``artifact`` are checked as the reader
+    checks them, on a copy (the references themselves are what gets written)."""
+    def fail(msg: str) -> BundleError:
+        return BundleError(f"the bundle being saved: {msg}")
+
     try:
+        if artifact is not None:
+            probe = onnx.ModelProto()
+            probe.CopyFrom(proto)  # small: the shared weights are references here
+            shared.detach(probe.graph, artifact, fail)
+            proto = probe
         check_onnx(proto, "member", "the bundle being saved", budget)
     except BundleError as exc:
         raise BundleError(f"cannot save {what}: byoc's loader would refuse it ({exc})") from None
@@ -145,7 +164,7 @@ def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
     fallback = dict(getattr(cm, "host_fallback", {}) or {})
     region_target = {cr.region.name: cr.region.target for cr in cm.regions}
     budget = getattr(cm, "budget", None)
-    members: dict[str, bytes] = {HOST_GRAPH: _onnx_bytes(cm.model, "the host graph", budget)}
+    members: dict[str, bytes] = {HOST_GRAPH: _onnx_bytes(cm.model, "the host graph", budget, prune=True)}
     regions_json = []
     for i, cr in enumerate(cm.regions):
         region, artifact = cr.region, cr.artifact
@@ -157,7 +176,8 @@ def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
             {"target": artifact.target, "format": artifact.format, "metadata": artifact.metadata},
             f"the artifact metadata of region {region.name!r}",
         )
-        members[onnx_name] = _onnx_bytes(region.model, f"the subgraph of region {region.name!r}", budget)
+        members[onnx_name] = _onnx_bytes(region.model, f"the subgraph of region {region.name!r}", budget,
+                                         members[bin_name])
         regions_json.append({
             "name": region.name,
             "target": region.target,
@@ -238,9 +258,23 @@ def _write_zip(fh, members: Mapping[str, bytes]) -> None:
             _write_member(zf, name, data)
 
 
+#: a member is deflated unless a sample of it shrinks by less than this (weights barely do, and
+#: inflating them is most of a large bundle's load time)
+_MIN_DEFLATE_GAIN = 0.1
+_SAMPLE = 1 << 20
+
+
+def _compressible(data: bytes) -> bool:
+    if len(data) <= _SAMPLE:
+        return True
+    step = len(data) // 4
+    sample = b"".join(data[i * step:i * step + _SAMPLE // 4] for i in range(4))
+    return len(zlib.compress(sample, 1)) < (1 - _MIN_DEFLATE_GAIN) * len(sample)
+
+
 def _write_member(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
-    info.compress_type = zipfile.ZIP_DEFLATED
+    info.compress_type = zipfile.ZIP_DEFLATED if _compressible(data) else zipfile.ZIP_STORED
     info.external_attr = 0o644 << 16
     info.create_system = 3  # unix, whatever the platform: byte-identical bundles everywhere
     zf.writestr(info, data, compresslevel=1)

@@ -27,7 +27,7 @@ no separate pass initialises the output. Work is split over byoc's thread pool
     is contiguous) times the weight matrix.
 ``winograd``
     F(2x2, 3x3) / F(4x4, 3x3) for 3x3 stride-1 layers, only where the GEMM is OpenBLAS's
-    (float64, ``BYOC_OWN_GEMM=0``): with byoc's GEMM ``shift`` measured as fast.
+    (float64, a CPU without AVX-512, or ``BYOC_OWN_GEMM=0``): with byoc's GEMM ``shift`` measured as fast.
 ``direct``
     grouped convolutions with few channels per group (depthwise): a Numba loop nest, one
     vectorisable row update per kernel tap.
@@ -65,7 +65,7 @@ _SHIFT_MAX_WASTE = 1.5
 _DIRECT_MAX_CHANNELS = 8
 # 3x3 stride-1 convolutions with at least this many input and output channels per group use
 # Winograd: F(2x2, 3x3) from an output side of _WINO_MIN_SIDE[2], F(4x4, 3x3) from _WINO_MIN_SIDE[4].
-# Only where the GEMM is OpenBLAS's (float64, or BYOC_OWN_GEMM=0): with byoc's own float32 GEMM
+# Only where the GEMM is OpenBLAS's (float64, a CPU without AVX-512, or BYOC_OWN_GEMM=0): with byoc's own float32 GEMM
 # the shift strategy measured as fast (ResNet-50's 3x3 layers: within +-15%, either way) without
 # Winograd's transforms and its rounding (F(4x4): ~6e-6 relative error)
 _WINO_MIN_CHANNELS = 8
@@ -1201,3 +1201,51 @@ def make_conv_transpose(spec: NodeSpec):
         return (y,)
 
     return run
+
+
+# -------------------------------------------------------------------------------------------------
+# flat-buffer entry points (public, for plugins: ``byoc.kernels.conv``)
+#
+# A plugin's generated code keeps its tensors in flat float32 buffers (an arena, its inputs, its
+# constants) and addresses them by element offset. These call the kernels above on views of
+# such buffers, so the window geometry and the convolution loops exist once, here. Every
+# offset and extent is the caller's to keep in bounds (a plugin checks them when it verifies
+# its program); shapes are NCHW of one image.
+
+#: ``valid_range(o_n, s, off, n)``: the outputs ``o`` in ``[0, o_n)`` whose input index
+#: ``o*s + off`` lies in ``[0, n)``, as ``(lo, hi)`` (a Numba function: callable from jitted code)
+valid_range = _valid_range
+
+_NO_BIAS = np.zeros(1, np.float32)
+
+
+def _planes(buf: np.ndarray, off: int, c: int, h: int, w: int) -> np.ndarray:
+    return buf[off:off + c * h * w].reshape(1, c, 1, h, w)
+
+
+def pad_planes(x, xo, c, h, w, xp, po, ldp, hp, wp, pt, pl) -> None:
+    """Zero-padded copy of ``c`` planes ``(h, w)`` at ``x[xo:]``: plane ``i`` becomes row ``i`` of
+    ``xp[po:]`` (row length ``ldp >= hp*wp``), laid out ``(hp, wp)`` with the input at
+    ``(pt, pl)``; every other element of the row is zero."""
+    _pad_planes(_planes(x, xo, c, h, w), 0, 0, c, pt, pl, hp, wp, xp[po:po + c * ldp].reshape(c, ldp))
+
+
+def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co) -> None:
+    """Patch matrix of output rows ``[r0, r1)``: ``col[co:]`` is ``(c*kh*kw, (r1-r0)*ow)``, row
+    ``(ci*kh + ki)*kw + kj``."""
+    ncols = (r1 - r0) * ow
+    _im2col(_planes(x, xo, c, h, w), 0, 0, c, 1, kh, kw, 1, sh, sw, 1, dh, dw, 0, pt, pl, 1, max(r1, 1), ow,
+            r0, r1, col[co:co + c * kh * kw * ncols].reshape(c * kh * kw, ncols))
+
+
+def subsample(x, xo, c, h, w, sh, sw, oh, ow, y, yo) -> None:
+    """``y[ci, i, j] = x[ci, i*sh, j*sw]`` (a 1x1 convolution's strides)."""
+    _subsample(_planes(x, xo, c, h, w), 1, sh, sw, 1, oh, ow, _planes(y, yo, c, oh, ow))
+
+
+def conv_direct(x, xo, c, h, w, wt, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, y, yo) -> None:
+    """Output channels ``[m0, m1)`` of a grouped convolution (``cg`` input channels per group) of
+    one image, as a loop nest (depthwise and other thin groups); ``wt`` holds the weights
+    ``(m, cg, kh, kw)`` from element 0; no bias."""
+    _conv_direct(_planes(x, xo, c, h, w), wt[:m * cg * kh * kw].reshape(m, cg, 1, kh, kw), _NO_BIAS, False,
+                 c // cg, 1, sh, sw, 1, dh, dw, 0, pt, pl, m0, m1, _planes(y, yo, m, oh, ow))

@@ -2,7 +2,9 @@
 
 ``Artifact.format`` is ``"python"``. ``Artifact.data`` is the packed constants: little-endian
 float32, each one starting on a 64-byte boundary, in program order (no pickle, no npz: the
-layout follows from ``metadata["program"]["consts"]``). ``Artifact.metadata``::
+layout follows from ``metadata["program"]["consts"]``; an entry with ``axes`` is stored as the
+source weights' bytes and transposed by those axes at load, so that a bundle can keep those
+bytes once for the artifact and the region's subgraph). ``Artifact.metadata``::
 
     inputs, outputs     value names in call order (what byoc checks)
     region              the region's name
@@ -51,12 +53,21 @@ def pack_constants(consts: list[np.ndarray]) -> bytes:
 
 
 def unpack_constants(data: bytes, program: dict[str, Any]) -> list[np.ndarray]:
-    """Writable, aligned float32 copies of the constants (flat, as the kernels take them)."""
+    """Writable, aligned float32 copies of the constants (flat, as the kernels take them); a
+    constant whose program entry has ``axes`` is stored untransposed and transposed here."""
     sizes = [int(c["size"]) for c in program["consts"]]
     offsets, total = const_layout(sizes)
     if len(data) != total:
         raise PluginError(f"cpu artifact: {len(data)} bytes of constants, the program needs {total}")
-    return [np.frombuffer(data, dtype="<f4", count=n, offset=off).astype(np.float32) for off, n in zip(offsets, sizes)]
+    out = []
+    for c, off, n in zip(program["consts"], offsets, sizes):
+        arr = np.frombuffer(data, dtype="<f4", count=n, offset=off)
+        if "axes" in c:  # stored as the weights' own bytes; the program uses them transposed
+            t = arr.reshape([int(d) for d in c["shape"]]).transpose(c["axes"])
+            out.append(np.ascontiguousarray(t, dtype=np.float32).reshape(-1))  # a copy (transposed)
+        else:
+            out.append(arr.astype(np.float32))
+    return out
 
 
 def sha256(data: bytes) -> str:

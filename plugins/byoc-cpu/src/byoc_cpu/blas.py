@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from byoc.kernels import threads
+from byoc.kernels import gemm, threads
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
@@ -77,8 +77,9 @@ def sgemm(m: int, n: int, k: int, a: np.ndarray, ao: int, lda: int, b: np.ndarra
 
 
 class Weight:
-    """A GEMM left operand (m, k), prepared once at load: packed for the plugin's micro-kernel
-    where it runs at full width, else kept as a block of its constant for OpenBLAS."""
+    """A GEMM left operand (m, k), prepared once at load: packed for byoc's micro-kernel
+    (:func:`byoc.kernels.gemm.pack`) where it runs at full width, else kept as a block of its
+    constant for OpenBLAS."""
 
     __slots__ = ("a", "ao", "lda", "m", "k", "packed")
 
@@ -86,9 +87,7 @@ class Weight:
         self.a, self.ao, self.m, self.k, self.lda = a, ao, m, k, lda
         self.packed = None
         if use_microkernel:
-            from byoc_cpu import microkernel
-
-            self.packed = microkernel.pack(a, ao, m, k, lda)
+            self.packed = gemm.pack(a, ao, m, k, lda)
 
 
 class Rows:
@@ -106,7 +105,7 @@ def wgemm(wt: Weight, b: np.ndarray, bo: int, rows: Rows, c: np.ndarray, co: int
     """Columns ``[lo, hi)`` of ``C (+)= W @ B`` (``accumulate`` 0 overwrites): row ``kk`` of B starts at
     ``b[bo + rows.table[kk]]``, C at ``c[co:]`` with row stride ``ldc``."""
     if wt.packed is not None:
-        _microkernel_gemm(wt.packed, wt.m, wt.k, b, bo, rows.table, c, co, ldc, lo, hi, accumulate)
+        gemm.gemm_table(wt.packed, wt.m, wt.k, b, bo, rows.table, c, co, ldc, lo, hi, accumulate)
         return
     # OpenBLAS: one GEMM per run of equally spaced rows, over the matching columns of W
     k0 = 0
@@ -114,14 +113,6 @@ def wgemm(wt: Weight, b: np.ndarray, bo: int, rows: Rows, c: np.ndarray, co: int
         sgemm(wt.m, hi - lo, count, wt.a, wt.ao + k0, wt.lda, b, bo + start + lo, stride, c, co + lo, ldc,
               1.0 if (accumulate or i) else 0.0)
         k0 += count
-
-
-def _microkernel_gemm(*args):
-    global _microkernel_gemm
-    from byoc_cpu.microkernel import gemm
-
-    _microkernel_gemm = gemm
-    gemm(*args)
 
 
 __all__ = ["HAVE_CBLAS", "Rows", "Weight", "sgemm", "wgemm"]

@@ -1,7 +1,8 @@
 """The fixed kernels generated modules call: layout moves around the GEMMs, pooling, softmax, LRN.
 
-What is specific to a region (epilogues, elementwise chains) is generated per region by
-:mod:`byoc_cpu.emit`; what is the same for every model lives here, compiled once per machine
+Padding, im2col, strided subsampling and direct (depthwise) convolution are the core's
+flat-buffer entry points (:mod:`byoc.kernels.conv`), re-exported. What is specific to a region
+(epilogues, elementwise chains) is generated per region by :mod:`byoc_cpu.emit`; what is the same for every model lives here, compiled once per machine
 (``cache=True``). Every kernel works on flat float32 arrays plus element offsets, so a
 generated module can pass its arena, its inputs and its constants without making views.
 
@@ -17,6 +18,10 @@ import math
 import numba
 import numpy as np
 
+# the window geometry and the convolution drivers are the core's (one copy, byoc.kernels.conv);
+# re-exported here under the names the generated code calls
+from byoc.kernels.conv import conv_direct, im2col, pad_planes, subsample, valid_range
+
 #: indices are cast to unsigned: Numba then skips its negative-index wraparound, which would
 #: otherwise keep LLVM from vectorising every ``base + i`` access (measured 10x on pooling)
 U = np.uint64
@@ -25,117 +30,6 @@ F1 = np.float32(1.0)
 NEG_INF = np.float32(-np.inf)
 
 _jit = numba.njit(cache=True, boundscheck=False, nogil=True)
-
-
-@_jit
-def _valid(o_n, s, off, n):
-    """Output positions ``o`` in ``[0, o_n)`` whose input index ``o*s + off`` is in ``[0, n)``."""
-    lo = 0
-    if off < 0:
-        lo = (-off + s - 1) // s
-    hi = 0
-    if n - 1 - off >= 0:
-        hi = (n - 1 - off) // s + 1
-    if hi > o_n:
-        hi = o_n
-    if lo > hi:
-        lo = hi
-    return lo, hi
-
-
-@_jit
-def pad_planes(x, xo, c, h, w, xp, po, ldp, hp, wp, pt, pl):
-    """Zero-padded copy of ``c`` planes ``(h, w)`` at ``x[U(xo:)]``: plane ``i`` becomes row ``i`` of
-    ``xp[U(po:)]`` (row length ``ldp >= hp*wp``), laid out ``(hp, wp)``, every other element zero."""
-    for ci in range(c):
-        dst = po + ci * ldp
-        src = xo + ci * h * w
-        for k in range(pt * wp):
-            xp[U(dst + k)] = F0
-        for i in range(h):
-            row = dst + (pt + i) * wp
-            for k in range(pl):
-                xp[U(row + k)] = F0
-            s = src + i * w
-            for k in range(w):
-                xp[U(row + pl + k)] = x[U(s + k)]
-            for k in range(pl + w, wp):
-                xp[U(row + k)] = F0
-        for k in range((pt + h) * wp, ldp):
-            xp[U(dst + k)] = F0
-
-
-@_jit
-def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co):
-    """Patch matrix of output rows ``[r0, r1)``: ``col[U(co:)]`` is ``(c*kh*kw, (r1-r0)*ow)``."""
-    ncols = (r1 - r0) * ow
-    for ci in range(c):
-        for ki in range(kh):
-            for kj in range(kw):
-                row = co + ((ci * kh + ki) * kw + kj) * ncols
-                offw = kj * dw - pl
-                lo, hi = _valid(ow, sw, offw, w)
-                for r in range(r0, r1):
-                    ih = r * sh - pt + ki * dh
-                    base = row + (r - r0) * ow
-                    if ih < 0 or ih >= h:
-                        for j in range(ow):
-                            col[U(base + j)] = F0
-                        continue
-                    src = xo + (ci * h + ih) * w + offw
-                    for j in range(lo):
-                        col[U(base + j)] = F0
-                    if sw == 1:
-                        for j in range(lo, hi):
-                            col[U(base + j)] = x[U(src + j)]
-                    else:
-                        for j in range(lo, hi):
-                            col[U(base + j)] = x[U(src + j * sw)]
-                    for j in range(hi, ow):
-                        col[U(base + j)] = F0
-
-
-@_jit
-def subsample(x, xo, c, h, w, sh, sw, oh, ow, y, yo):
-    """``y[U(c, i, j)] = x[U(c, i*sh, j*sw)]`` (1x1 convolutions with strides)."""
-    for ci in range(c):
-        for i in range(oh):
-            s = xo + (ci * h + i * sh) * w
-            d = yo + (ci * oh + i) * ow
-            for j in range(ow):
-                y[U(d + j)] = x[U(s + j * sw)]
-
-
-@_jit
-def conv_direct(x, xo, c, h, w, wt, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, y, yo):
-    """Output channels ``[m0, m1)`` of a grouped convolution of one image with few channels per
-    group (depthwise): for each output channel and tap, one vectorisable update of each output
-    row. ``wt`` is ``(m, cg, kh, kw)``."""
-    mg = m // (c // cg)
-    for mi in range(m0, m1):
-        g = mi // mg
-        out = yo + mi * oh * ow
-        for k in range(oh * ow):
-            y[U(out + k)] = F0
-        for ci in range(cg):
-            plane = xo + (g * cg + ci) * h * w
-            for ki in range(kh):
-                for kj in range(kw):
-                    wv = wt[U(((mi * cg + ci) * kh + ki) * kw + kj)]
-                    offw = kj * dw - pl
-                    lo, hi = _valid(ow, sw, offw, w)
-                    for i in range(oh):
-                        ih = i * sh - pt + ki * dh
-                        if ih < 0 or ih >= h:
-                            continue
-                        src = plane + ih * w + offw
-                        dst = out + i * ow
-                        if sw == 1:
-                            for j in range(lo, hi):
-                                y[U(dst + j)] += wv * x[U(src + j)]
-                        else:
-                            for j in range(lo, hi):
-                                y[U(dst + j)] += wv * x[U(src + j * sw)]
 
 
 @_jit
@@ -148,7 +42,7 @@ def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
     for ci in range(c):
         plane = xo + ci * h * w
         for i in range(oh):
-            k0, k1 = _valid(kh, dh, i * sh - pt, h)
+            k0, k1 = valid_range(kh, dh, i * sh - pt, h)
             for q in range(w):
                 rowmax[q] = NEG_INF
             for ki in range(k0, k1):
@@ -162,7 +56,7 @@ def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
                 y[U(out + j)] = NEG_INF
             for kj in range(kw):
                 off = kj * dw - pl
-                lo, hi = _valid(ow, sw, off, w)
+                lo, hi = valid_range(ow, sw, off, w)
                 for j in range(lo, hi):
                     v = rowmax[U(j * sw + off)]
                     t = y[U(out + j)]
@@ -178,14 +72,14 @@ def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, in
         out = yo + ci * oh * ow
         for i in range(oh):
             h0 = i * sh - pt
-            k0, k1 = _valid(kh, 1, h0, h)
+            k0, k1 = valid_range(kh, 1, h0, h)
             if include_pad:
                 rows = min(h0 + kh, hp_end - pt) - max(h0, -pt)
             else:
                 rows = k1 - k0
             for j in range(ow):
                 w0 = j * sw - pl
-                l0, l1 = _valid(kw, 1, w0, w)
+                l0, l1 = valid_range(kw, 1, w0, w)
                 acc = F0
                 for ki in range(k0, k1):
                     row = plane + (h0 + ki) * w + w0

@@ -232,6 +232,7 @@ class Lowering:
         self.nodes: list[ir.Node] = []
         self.infos: list[OpInfo] = []
         self.consts: list[np.ndarray] = []
+        self.const_axes: dict[int, list[int]] = {}  # const index -> axes it is transposed by at load
         self.const_slots: dict[int, Slot] = {}  # id(ndarray) -> slot
         self.slots: list[Slot] = []
         self.weights: list[tuple[Ref, int, int, int]] = []  # GEMM left operands: (ref, m, k, ld)
@@ -440,6 +441,19 @@ class Lowering:
     def pack(self, arr: np.ndarray) -> Ref:
         """A new packed constant (``self.consts`` keeps it alive, so its ``id`` stays unique)."""
         return Ref(self.const_slot(np.ascontiguousarray(arr, dtype=np.float32)))
+
+    def pack_transposed(self, arr: np.ndarray, axes: tuple[int, ...]) -> Ref:
+        """``arr.transpose(axes)`` (flat), stored as ``arr`` itself and transposed at load: the
+        artifact then holds the weights' own bytes, which a bundle keeps once (the region's
+        subgraph refers to them)."""
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if list(axes) == list(range(arr.ndim)):
+            return self.pack(arr)
+        slot = Slot("const", int(arr.size), len(self.consts))
+        self.const_slots[id(arr)] = slot
+        self.consts.append(arr)
+        self.const_axes[slot.index] = [int(a) for a in axes]
+        return Ref(slot)
 
     def ref(self, val: Val) -> Ref:
         root, off = val.root()
@@ -680,7 +694,7 @@ class Lowering:
                 ldp = hp * wp + (kw - 1) * dw
                 ncols, row_width = oh * wp, wp
                 kdim = kh * kw * cg
-                wref = self.pack(wt.reshape(group, mg, cg, kh, kw).transpose(0, 1, 3, 4, 2).reshape(group, mg, kdim))
+                wref = self.pack_transposed(wt.reshape(group, mg, cg, kh * kw), (0, 1, 3, 2))
                 xp = Ref(self.scratch(c * ldp))
                 for c0, c1 in split(c, nt, 1):
                     pre.append({"kind": "pad", "x": xn.at(c0 * h * w), "y": xp.at(c0 * ldp),
@@ -972,7 +986,9 @@ class Lowering:
             "inputs": inputs,
             "outputs": outputs,
             "out_sizes": [s.size for s in outs],
-            "consts": [{"shape": list(a.shape), "size": int(a.size)} for a in self.consts],
+            "consts": [{"shape": list(a.shape), "size": int(a.size),
+                        **({"axes": self.const_axes[i]} if i in self.const_axes else {})}
+                       for i, a in enumerate(self.consts)],
             "arena": total,
             "weights": [{"ref": _ref_json(r), "m": m, "k": k, "ld": ld} for r, m, k, ld in self.weights],
             "rows": self.row_tables,

@@ -36,9 +36,9 @@ _LAUNCH = 30e-6
 def _runtime_path() -> str:
     """What ``byoc targets`` shows: whose GEMM the generated code calls on this machine."""
     try:
-        from byoc_cpu import microkernel
+        from byoc.kernels.gemm import FULL_WIDTH
 
-        if microkernel.AVAILABLE:
+        if FULL_WIDTH:
             return "numba, own AVX-512 GEMM"
         from byoc.kernels import threads
 

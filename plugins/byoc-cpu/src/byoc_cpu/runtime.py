@@ -153,14 +153,14 @@ class CpuRegion:
 
 def prepare_weights(program: dict[str, Any], consts: list[np.ndarray]) -> list[Any]:
     """The GEMM left operands, packed for the micro-kernel where this CPU runs it at full width."""
-    from byoc_cpu import microkernel
+    from byoc.kernels.gemm import FULL_WIDTH
     from byoc_cpu.blas import Weight
 
     out = []
     for wt in program["weights"]:
         _, index, offset, _ = wt["ref"]
         m, k = int(wt["m"]), int(wt["k"])
-        out.append(Weight(consts[int(index)], int(offset), m, k, int(wt["ld"]), microkernel.AVAILABLE))
+        out.append(Weight(consts[int(index)], int(offset), m, k, int(wt["ld"]), FULL_WIDTH))
     return out
 
 

@@ -90,9 +90,12 @@ class _Checker:
                 raise _fail(f"inputs[{i}].name", "expected a string")
             self.sizes["in"].append(_shape(x["shape"], f"inputs[{i}].shape"))
         for i, c in enumerate(_list(p["consts"], "consts")):
-            _dict(c, f"consts[{i}]", {"shape", "size"})
+            _dict(c, f"consts[{i}]", {"shape", "size"}, {"axes"})
             if _shape(c["shape"], f"consts[{i}].shape") != _int(c["size"], f"consts[{i}].size"):
                 raise _fail(f"consts[{i}]", "size does not match the shape")
+            if "axes" in c and (not isinstance(c["axes"], list) or any(type(a) is not int for a in c["axes"])
+                                or sorted(c["axes"]) != list(range(len(c["shape"])))):
+                raise _fail(f"consts[{i}].axes", "expected a permutation of the shape's axes")
             self.sizes["const"].append(c["size"])
         self.sizes["out"] = [_int(s, "out_sizes", 1) for s in _list(p["out_sizes"], "out_sizes")]
         for i, o in enumerate(_list(p["outputs"], "outputs")):

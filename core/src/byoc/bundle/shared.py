@@ -1,0 +1,162 @@
+"""Weights stored once: a region's kept subgraph refers to bytes of its own artifact.
+
+A region's artifact usually holds the region's weights already (a plugin copies them into its
+constants, as raw little-endian arrays); keeping the subgraph for the host fallback would store
+them a second time. When saving, every initializer of the subgraph (top-level graph, at least
+:data:`MIN_SHARED_BYTES`) whose exact bytes occur in the artifact, at a 4-byte aligned offset,
+is written without data, as a reference::
+
+    data_location = EXTERNAL
+    external_data = {"location": "byoc:artifact", "offset": "<bytes>", "length": "<bytes>"}
+
+When reading, :func:`resolve` puts the bytes back before any other check runs. Only that exact
+location is accepted, the range must lie inside the region's artifact member (whose SHA-256 the
+manifest has already verified) and match the tensor's dims and type: a reference never reaches
+a file, and anything else that claims external data is still refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+#: the ``location`` of a tensor whose bytes are in the region's artifact member
+LOCATION = "byoc:artifact"
+#: smaller initializers are stored inline (the reference would not pay for itself)
+MIN_SHARED_BYTES = 4096
+
+
+def _raw(t: onnx.TensorProto) -> bytes | None:
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    if t.HasField("raw_data"):
+        return t.raw_data
+    return None
+
+
+def share(graph: onnx.GraphProto, artifact: bytes) -> int:
+    """Replace, in place, each initializer of ``graph`` whose bytes occur in ``artifact`` by a
+    reference; returns the number of bytes no longer stored twice."""
+    n4 = len(artifact) // 4
+    if n4 == 0:
+        return 0
+    words = np.frombuffer(artifact, dtype=np.uint32, count=n4)
+    saved = 0
+    for t in graph.initializer:
+        raw = _raw(t)
+        if raw is None or len(raw) < MIN_SHARED_BYTES or len(raw) % 4:
+            continue
+        first = np.frombuffer(raw, dtype=np.uint32, count=1)[0]
+        for pos in np.flatnonzero(words == first):
+            off = int(pos) * 4
+            if artifact[off:off + len(raw)] == raw:
+                length = len(raw)
+                t.ClearField("raw_data")
+                t.data_location = onnx.TensorProto.EXTERNAL
+                del t.external_data[:]
+                for key, value in (("location", LOCATION), ("offset", str(off)), ("length", str(length))):
+                    entry = t.external_data.add()
+                    entry.key, entry.value = key, value
+                saved += length
+                break
+    return saved
+
+
+def _names_used(graph: onnx.GraphProto, out: set[str], depth: int = 0) -> None:
+    if depth > 64:
+        return
+    for node in graph.node:
+        out.update(node.input)
+        for attr in node.attribute:
+            subs = list(attr.graphs) + ([attr.g] if attr.HasField("g") else [])
+            for sub in subs:
+                _names_used(sub, out, depth + 1)
+    out.update(o.name for o in graph.output)
+    out.update(i.name for i in graph.input)  # an initializer that is also an input stays
+
+
+def prune_unused(graph: onnx.GraphProto) -> int:
+    """Drop, in place, the top-level initializers that no node (subgraphs included) and no graph
+    output reads: the host graph keeps the names of weights a region took over; returns the
+    number of bytes dropped."""
+    used: set[str] = set()
+    _names_used(graph, used)
+    dropped, gone = 0, set()
+    for i in reversed(range(len(graph.initializer))):
+        if graph.initializer[i].name not in used:
+            dropped += graph.initializer[i].ByteSize()
+            gone.add(graph.initializer[i].name)
+            del graph.initializer[i]
+    for i in reversed(range(len(graph.value_info))):
+        if graph.value_info[i].name in gone:
+            del graph.value_info[i]
+    return dropped
+
+
+def detach(graph: onnx.GraphProto, artifact: bytes | None, fail) -> list[tuple[int, onnx.TensorProto]]:
+    """Check every reference to ``artifact`` (as :func:`resolve`) and swap each referring
+    initializer for a one-element stand-in of its type; returns what :func:`attach` puts back.
+    The structural checks then run on a proto without the weights (they would copy them; the
+    weights' size is already bounded by the artifact member's, which the reader budgeted)."""
+    held = []
+    for i, t in enumerate(graph.initializer):
+        if t.data_location != onnx.TensorProto.EXTERNAL or \
+                {e.key: e.value for e in t.external_data}.get("location") != LOCATION:
+            continue
+        real = onnx.TensorProto()
+        real.CopyFrom(t)
+        stand_in = graph.initializer[i]
+        stand_in.Clear()
+        stand_in.name, stand_in.data_type = real.name, real.data_type
+        stand_in.dims.append(1)
+        stand_in.raw_data = bytes(_itemsize(real, fail))
+        held.append((i, real))
+    # the bytes are only read once every reference is known to be sound
+    resolve_all = onnx.GraphProto()
+    resolve_all.initializer.extend(r for _, r in held)
+    resolve(resolve_all, artifact, fail)
+    return [(i, t) for (i, _), t in zip(held, resolve_all.initializer)]
+
+
+def attach(graph: onnx.GraphProto, held: list[tuple[int, onnx.TensorProto]]) -> None:
+    """Undo :func:`detach`: the real initializers, with their bytes, back in their places."""
+    real = {t.name: t for _, t in held}  # by name: the checks may have reordered the graph
+    for t in graph.initializer:
+        if t.name in real:
+            t.CopyFrom(real.pop(t.name))
+
+
+def _itemsize(t: onnx.TensorProto, fail) -> int:
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except Exception:
+        raise fail(f"initializer {t.name!r}: data type {t.data_type} cannot refer to artifact bytes") from None
+
+
+def resolve(graph: onnx.GraphProto, artifact: bytes | None, fail) -> None:
+    """Put back, in place, the bytes of every top-level initializer that refers to ``artifact``.
+    ``fail(message)`` returns the exception to raise for a malformed reference."""
+    for t in graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        if info.get("location") != LOCATION:
+            continue  # a real external file: refused by the caller's external-data check
+        if artifact is None or set(info) != {"location", "offset", "length"}:
+            raise fail(f"initializer {t.name!r}: a reference to artifact bytes where none are allowed")
+        try:
+            off, length = int(info["offset"]), int(info["length"])
+        except ValueError:
+            raise fail(f"initializer {t.name!r}: malformed artifact reference {info!r}") from None
+        if off < 0 or length < 0 or off + length > len(artifact):
+            raise fail(f"initializer {t.name!r}: artifact range [{off}, {off + length}) is outside the "
+                       f"artifact's {len(artifact)} bytes")
+        itemsize = _itemsize(t, fail)
+        if any(d < 0 for d in t.dims) or int(np.prod(t.dims, dtype=np.int64)) * itemsize != length:
+            raise fail(f"initializer {t.name!r}: {length} bytes do not hold dims {list(t.dims)}")
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+        t.raw_data = artifact[off:off + length]
+
+
+__all__ = ["LOCATION", "MIN_SHARED_BYTES", "attach", "detach", "prune_unused", "resolve", "share"]
