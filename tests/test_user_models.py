@@ -15,6 +15,7 @@ import onnx
 import pytest
 
 import byoc
+from byoc.cliutil import safe_file_names
 from byoc import cli
 from byoc.testing.oracle import run_onnxruntime
 from byoc.testing.zoo import ZOO, load_zoo, zoo_inputs, zoo_path
@@ -48,7 +49,8 @@ def test_zoo_file_compile_bundle_run(name, targets, tmp_path, capsys):
     want = compiled.run(feeds)
     expected = run_onnxruntime(model, feeds)
     for (out_name, got_compiled), ort in zip(want.items(), expected):
-        from_bundle = np.load(tmp_path / "out" / (cli._safe_filename(out_name) + ".npy"), allow_pickle=False)
+        from_bundle = np.load(tmp_path / "out" / safe_file_names([out_name], taken=["outputs.json"])[out_name],
+                              allow_pickle=False)
         assert from_bundle.dtype == got_compiled.dtype and from_bundle.shape == got_compiled.shape
         assert from_bundle.tobytes() == got_compiled.tobytes(), f"{name}: {out_name} differs after the bundle"
         np.testing.assert_allclose(from_bundle, ort, rtol=1e-3, atol=1e-6, err_msg=f"{name}: {out_name}")
@@ -57,7 +59,7 @@ def test_zoo_file_compile_bundle_run(name, targets, tmp_path, capsys):
 def test_save_refuses_what_load_would_refuse(tmp_path, monkeypatch):
     """A save that cannot be loaded is lost work: save applies the loader's checks first."""
     from byoc.errors import BundleError
-    from byoc.runtime import bundle as bundle_mod
+    from byoc.bundle import writer as bundle_mod
 
     compiled = byoc.compile(load_zoo("squeezenet", keep_ir_version=True), targets=[])
     out = tmp_path / "m.byoc"
