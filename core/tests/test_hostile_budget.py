@@ -47,6 +47,9 @@ ALLOWED = {
     ("elementwise.py", "binary"): "the broadcast output, checked by plan_for before the call",
     ("elementwise.py", "unary"): "the size of its (already budgeted) input",
     ("gemm.py", "pack_a"): "a padded copy of a weight matrix",
+    ("gemm.py", "pack"): "an empty (M or K is 0) packed weight: one tile",
+    ("gemm.py", "gemm_table"): "a bias vector of one row of the output",
+    ("conv.py", ""): "a one-element no-bias constant, made at import (module level)",
     ("gemm.py", "gemm_rows"): "a bias vector of one row of the output",
     ("gemm.py", "gemm_acc"): "a bias vector of one row of the output",
     ("indexing.py", "make_trilu.run"): "the size of its input, checked just before",
@@ -330,7 +333,17 @@ def test_folds_that_replace_their_input_do_not_count_twice():
 
 
 def _relu(shape):
-    return _single("Relu", {"x": np.ones(shape, np.float32)})
+    """Relu of an input declared with symbolic dims (a declared shape past the budget is refused
+    when the model loads; these tests are about the feed)."""
+    model = _single("Relu", {"x": np.ones(shape, np.float32)})
+    dims = [f"d{i}" for i in range(len(shape))]
+    model.graph.input[0].CopyFrom(h.make_tensor_value_info("x", T.FLOAT, dims))
+    return model
+
+
+def test_declared_input_past_the_budget_is_refused_when_loading():
+    with pytest.raises(ResourceLimitError, match="input 'x'"):
+        byoc.compile(_single("Relu", {"x": np.ones((4096, 4096), np.float32)}), targets=[], budget=_budget(16 << 20))
 
 
 @pytest.mark.parametrize("shape", [(4096, 4096), (1 << 20, 64), (2, 1 << 23)])
