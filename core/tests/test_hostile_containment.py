@@ -359,3 +359,38 @@ def test_temporary_name_is_within_255_bytes():
     for name in ["x" * 250, "é" * 127, "短" * 85, "m.byoc"]:
         tmp = temporary_name(name)
         assert len(tmp.encode()) <= 255 and tmp.startswith(".") and tmp.endswith(".tmp")
+
+
+# -- class 6: refused feeds use up no specialisation slot --------------------------------------
+
+class StaticChip(Chip):
+    @byoc.hookimpl
+    def byoc_register_targets(self, register):
+        register(byoc.Target(self.name, version="1.0", device="npu", shape_policy="static",
+                             max_specializations=1))
+
+
+def symbolic_relu():
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("bad", [
+    {"x": np.zeros((2, 3), np.float64)},           # wrong dtype
+    {"x": np.zeros((2, 3, 1), np.float32)},        # wrong rank
+    {"x": np.zeros((2, 4), np.float32)},           # wrong static dim
+    {"x": np.zeros((2, 3), np.float32), "z": 1},   # unknown name
+])
+def test_refused_feeds_use_no_specialisation_slot(bad):
+    reg, _ = quiet_registry([("hostile", StaticChip("st"))])
+    cm = byoc.compile(symbolic_relu(), targets=["st"], registry=reg)
+    for _ in range(3):
+        with pytest.raises(InputError):
+            cm.run(bad)
+    assert cm.specializer.cache == {}
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_array_equal(cm.run({"x": x})["y"], np.maximum(x, 0))
+    (chosen,) = cm.specializer.cache.values()
+    assert any(r.device == "st" for r in chosen.records.values())
