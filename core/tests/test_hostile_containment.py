@@ -394,3 +394,28 @@ def test_refused_feeds_use_no_specialisation_slot(bad):
     np.testing.assert_array_equal(cm.run({"x": x})["y"], np.maximum(x, 0))
     (chosen,) = cm.specializer.cache.values()
     assert any(r.device == "st" for r in chosen.records.values())
+
+
+# -- class 7: fan-in is not quadratic in substitute_regions ------------------------------------
+
+def sum_model(n):
+    ins = [f"x{i}" for i in range(n)]
+    graph = helper.make_graph([helper.make_node("Sum", ins, ["y"], name="sum")], "g",
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [2]) for x in ins],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("n", [3, 300, 3000])
+def test_wide_fan_in_region_substitution_is_linear(n, monkeypatch):
+    import onnx_ir as ir
+
+    calls = []
+    original = ir.Node.replace_input_with
+    monkeypatch.setattr(ir.Node, "replace_input_with", lambda self, i, v: (calls.append(i), original(self, i, v)))
+    reg, _ = quiet_registry([("chip", Chip("chip", ops=("Sum",)))])
+    cm = byoc.compile(sum_model(n), targets=["chip"], registry=reg)
+    assert {r.device for r in cm.records.values()} == {"chip"}
+    assert len(calls) < 10  # Graph.remove(safe=True) made n calls, each O(n)
+    feeds = {f"x{i}": np.full(2, i, np.float32) for i in range(n)}
+    np.testing.assert_array_equal(cm.run(feeds)["y"], np.full(2, sum(range(n)), np.float32))
