@@ -139,3 +139,36 @@ def test_safe_cache_folder_is_made_private_and_marked(tmp_path, monkeypatch):
     assert (folder.stat().st_mode & 0o777) == 0o700
     assert (folder / byoc_cpu_runtime.MARKER).is_file()
     assert byoc_cpu_runtime._writable_dir(folder) == folder  # reused
+
+
+def test_cache_is_bounded_oldest_modules_evicted(tmp_path):
+    folder = tmp_path / "cache"
+    (folder / "__pycache__").mkdir(parents=True)
+    digests = [f"{i:064x}" for i in range(10)]
+    for i, d in enumerate(digests):
+        path = folder / f"byoc_cpu_{d}.py"
+        path.write_text("# generated\n")
+        os.utime(path, ns=(10**9 * (i + 1), 10**9 * (i + 1)))
+        (folder / "__pycache__" / f"byoc_cpu_{d}.run-1.py311.nbi").write_bytes(b"x")
+        (folder / "__pycache__" / f"byoc_cpu_{d}.run-1.py311.1.nbc").write_bytes(b"x")
+    (folder / "unrelated.txt").write_text("kept")
+    removed = byoc_cpu_runtime.evict(folder, 4, keep={digests[0]})
+    assert removed == digests[1:6]
+    left = sorted(p.name for p in folder.glob("byoc_cpu_*.py"))
+    assert left == sorted(f"byoc_cpu_{d}.py" for d in [digests[0], *digests[6:]])
+    assert len(list((folder / "__pycache__").iterdir())) == 2 * 5
+    assert (folder / "unrelated.txt").exists()
+
+
+def test_cache_limit_applies_when_modules_are_written(tmp_path, monkeypatch):
+    if "cpu" not in byoc.plugins.get_registry().targets:
+        pytest.skip("byoc-cpu not installed")
+    monkeypatch.setenv("BYOC_CPU_CACHE", str(tmp_path / "c"))
+    monkeypatch.setenv("BYOC_CPU_CACHE_MAX_MODULES", "1")
+    monkeypatch.setattr(byoc_cpu_runtime, "_modules", {})  # import afresh: the module file gets written
+    _fresh(monkeypatch)
+    folder = byoc_cpu_runtime._writable_dir(tmp_path / "c")
+    for i in range(3):
+        (folder / f"byoc_cpu_{i:064x}.py").write_text("# old\n")
+    byoc.compile(conv_model(), targets=["cpu"])
+    assert len(list(folder.glob("byoc_cpu_*.py"))) == 1

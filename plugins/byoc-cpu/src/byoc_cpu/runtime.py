@@ -108,6 +108,40 @@ def _writable_dir(preferred: Path) -> Path:
         return _fallback_dir
 
 
+#: most generated modules a cache folder keeps (``$BYOC_CPU_CACHE_MAX_MODULES``); the oldest go first
+DEFAULT_MAX_MODULES = 512
+
+
+def max_modules() -> int:
+    try:
+        return max(1, int(os.environ.get("BYOC_CPU_CACHE_MAX_MODULES", DEFAULT_MAX_MODULES)))
+    except ValueError:
+        return DEFAULT_MAX_MODULES
+
+
+def evict(folder: Path, limit: int, keep: set[str] = frozenset()) -> list[str]:
+    """Delete the oldest generated modules (and their Numba cache files) beyond ``limit``, never
+    one in ``keep`` (digests imported by this process); returns the digests removed."""
+    modules = []
+    for path in folder.glob("byoc_cpu_*.py"):
+        digest = path.stem[len("byoc_cpu_"):]
+        try:
+            modules.append((path.stat().st_mtime_ns, digest, path))
+        except OSError:
+            continue
+    removed = []
+    for _, digest, path in sorted(modules)[: max(0, len(modules) - limit)]:
+        if digest in keep:
+            continue
+        for victim in [path, *(folder / "__pycache__").glob(f"byoc_cpu_{digest}.*")]:
+            try:
+                victim.unlink()
+            except OSError:
+                pass
+        removed.append(digest)
+    return removed
+
+
 def _module_file(folder: Path, source: str, digest: str) -> Path:
     path = folder / f"byoc_cpu_{digest}.py"
     data = source.encode("utf-8")
@@ -119,6 +153,7 @@ def _module_file(folder: Path, source: str, digest: str) -> Path:
     tmp = folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
     tmp.write_bytes(data)
     os.replace(tmp, path)
+    evict(folder, max_modules(), keep=set(_modules) | {digest})
     return path
 
 
@@ -231,4 +266,4 @@ def load(artifact: Artifact, options: Mapping[str, Any] | None = None) -> CpuReg
     return CpuRegion(name, module, consts, program, time.perf_counter() - t0)
 
 
-__all__ = ["CpuRegion", "cache_dir", "import_source", "load"]
+__all__ = ["CpuRegion", "cache_dir", "check_cache_dir", "evict", "import_source", "load"]
