@@ -172,8 +172,13 @@ def _entry(topts: dict, name: str) -> dict:
 
 
 def _mutate_options(rng: random.Random, members: dict[str, bytes]) -> str:
-    compiled = json.loads(members["compiled.json"])
-    options = compiled.get("options", compiled)
+    try:
+        compiled = json.loads(members["compiled.json"])
+        options = compiled.get("options", compiled)
+    except (KeyError, ValueError, AttributeError):  # an earlier mutation deleted or damaged it
+        return "options:skipped"
+    if not isinstance(options, dict):
+        return "options:skipped"
     if not isinstance(options.get("target_options"), dict):  # an earlier mutation replaced it
         options["target_options"] = {}
     topts = options["target_options"]
