@@ -42,3 +42,25 @@ def test_every_mutation_applies_to_some_seed_model():
                 continue
             applied = applied or model.SerializeToString() != before
         assert applied, mutation.__name__
+
+
+def test_bundle_and_plugin_cases_end_in_success_or_a_byoc_error():
+    from byoc.testing.fuzz import fuzz
+
+    summary = fuzz(count=40, seed=7, kinds=("bundle", "plugin"))
+    assert summary.cases == 40 and summary.ok, [(f.kind, f.mutations, f.detail) for f in summary.findings]
+    assert summary.counts.get("ok", 0) and summary.counts.get("byoc-error", 0)
+
+
+def test_hostile_plugin_kinds_are_all_contained():
+    import random
+
+    import byoc
+    from byoc.testing import fuzz_hostile
+
+    for hook in fuzz_hostile.HOOKS:
+        for behaviour in fuzz_hostile.BEHAVIOURS:
+            try:
+                fuzz_hostile.plugin_case(random.Random(hash((hook, behaviour)) & 0xFFFF), byoc.Budget())
+            except byoc.ByocError:
+                pass

@@ -9,6 +9,8 @@ callable. ``byoc.load`` uses the same path for a bundle's stored artifacts.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -33,6 +35,22 @@ class CompiledRegion:
     fn: Callable[..., Sequence[np.ndarray]]
 
 
+def plugin_view(region: Region) -> Region:
+    """A copy of ``region`` for a ``byoc_codegen`` hook: its own nodes, values and body (weights are
+    shared, read-only), so a hook that edits them and then fails leaves the host fallback intact."""
+    if region.model is None:
+        return dataclasses.replace(region, nodes=list(region.nodes), inputs=list(region.inputs),
+                                   outputs=list(region.outputs), patterns=dict(region.patterns))
+    body = region.model.clone()
+    return dataclasses.replace(region, nodes=list(body.graph), inputs=list(body.graph.inputs),
+                               outputs=list(body.graph.outputs), patterns=dict(region.patterns), model=body)
+
+
+def artifact_view(artifact: Artifact) -> Artifact:
+    """A copy of ``artifact`` for a ``byoc_runtime`` hook: editing its metadata changes no bundle."""
+    return Artifact(artifact.target, artifact.format, artifact.data, copy.deepcopy(artifact.metadata))
+
+
 def validate_artifact(artifact: Any, region: Region) -> Artifact:
     """The artifact a ``byoc_codegen`` hook returned, checked and normalised (metadata gets the
     region's input/output names); ``TypeError``/``ValueError`` say what is wrong."""
@@ -51,28 +69,70 @@ def validate_artifact(artifact: Any, region: Region) -> Artifact:
     return Artifact(artifact.target, str(artifact.format), bytes(artifact.data), meta)
 
 
-def guarded_runtime(fn: Callable, plugin: str, region_name: str, target: str, n_outputs: int) -> Callable:
-    """Wrap a vendor callable so a failure at run time names plugin, hook and region."""
+def output_specs(values: Sequence[ir.Value]) -> list[tuple[str, np.dtype | None, tuple | None]]:
+    """``(name, dtype, dims)`` per declared region output; ``None`` where not declared, a dim ``None``
+    where symbolic."""
+    specs = []
+    for v in values:
+        try:
+            dtype = np.dtype(v.dtype.numpy()) if v.dtype is not None else None
+        except (TypeError, ValueError, AttributeError):
+            dtype = None
+        dims = None if v.shape is None else tuple(d if isinstance(d, int) else None for d in v.shape)
+        specs.append((v.name, dtype, dims))
+    return specs
+
+
+def check_outputs(outs: Any, specs: Sequence[tuple[str, Any, Any]], plugin: str, region_name: str) -> None:
+    """Every output a region's callable returned must be an array of its declared dtype and shape."""
+    where = f"plugin {plugin!r}, hook byoc_runtime: region {region_name!r}"
+    if not isinstance(outs, (list, tuple)) or len(outs) != len(specs):
+        raise PluginError(
+            f"{where} returned {type(outs).__name__} of length {len(outs) if hasattr(outs, '__len__') else '?'}, "
+            f"expected a sequence of {len(specs)} arrays"
+        )
+    for out, (name, dtype, dims) in zip(outs, specs):
+        if not isinstance(out, np.ndarray):
+            raise PluginError(f"{where}: output {name!r} is {type(out).__name__}, expected a numpy array")
+        if dtype is not None and out.dtype != dtype:
+            raise PluginError(f"{where}: output {name!r} is {out.dtype}, declared {dtype}")
+        if dims is not None and (out.ndim != len(dims) or any(d is not None and d != n for d, n in zip(dims, out.shape))):
+            declared = [d if d is not None else "?" for d in dims]
+            raise PluginError(f"{where}: output {name!r} has shape {list(out.shape)}, declared {declared}")
+
+
+def guarded_runtime(fn: Callable, plugin: str, region_name: str, target: str,
+                    outputs: Sequence[ir.Value] | int) -> Callable:
+    """Wrap a vendor callable so a failure at run time names plugin, hook and region, and every
+    output is checked against the region's declared outputs (dtype, rank, static dims).
+
+    A ``BaseException`` a plugin raises (``SystemExit`` from ``sys.exit()`` included) becomes a
+    :class:`PluginError`; ``KeyboardInterrupt`` is let through.
+    """
+    specs = [(f"#{i}", None, None) for i in range(outputs)] if isinstance(outputs, int) else output_specs(outputs)
 
     def run(*args):
         try:
             outs = fn(*args)
-        except ByocError:
+        except (ByocError, KeyboardInterrupt):
             raise
-        except Exception as exc:
+        except BaseException as exc:
             raise PluginError(
                 f"plugin {plugin!r}, hook byoc_runtime: the callable for region {region_name!r} (target {target!r}) "
                 f"raised {type(exc).__name__}: {exc}"
             ) from exc
-        if not isinstance(outs, (list, tuple)) or len(outs) != n_outputs:
-            raise PluginError(
-                f"plugin {plugin!r}, hook byoc_runtime: region {region_name!r} returned "
-                f"{type(outs).__name__} of length {len(outs) if hasattr(outs, '__len__') else '?'}, "
-                f"expected a sequence of {n_outputs} arrays"
-            )
+        check_outputs(outs, specs, plugin, region_name)
         return outs
 
     return run
+
+
+def read_only(a: Any) -> Any:
+    """A read-only view of an array (other values as they are)."""
+    if isinstance(a, np.ndarray) and a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
 
 
 #: default limit for one codegen or runtime hook call, seconds
@@ -87,7 +147,7 @@ def codegen_region(registry: Registry, region: Region, options: Mapping[str, Any
     plugin = registry.targets[target].plugin if target in registry.targets else ""
     if artifact is None:
         plugin_cg, result, hook_faults = registry.call_first("byoc_codegen", timeout=hook_timeout, target=target,
-                                                              region=region, options=options)
+                                                              region=plugin_view(region), options=options)
         for f in hook_faults:
             faults.add(f.plugin, f.hook, f"{f.message} (region {region.name!r})")
         if result is None:
@@ -99,8 +159,14 @@ def codegen_region(registry: Registry, region: Region, options: Mapping[str, Any
         except (TypeError, ValueError) as exc:
             faults.add(plugin_cg, "byoc_codegen", f"{exc} (region {region.name!r})")
             return None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # an Artifact (subclass) whose attributes raise
+            faults.add(plugin_cg, "byoc_codegen", f"returned an artifact that raised {type(exc).__name__} when read: "
+                       f"{exc} (region {region.name!r})")
+            return None
     plugin_rt, fn, hook_faults = registry.call_first("byoc_runtime", timeout=hook_timeout, target=target,
-                                                      artifact=artifact, options=options)
+                                                      artifact=artifact_view(artifact), options=options)
     for f in hook_faults:
         faults.add(f.plugin, f.hook, f"{f.message} (region {region.name!r})")
     if fn is None or not callable(fn):
@@ -110,8 +176,23 @@ def codegen_region(registry: Registry, region: Region, options: Mapping[str, Any
         elif not hook_faults:
             faults.add(plugin, "byoc_runtime", f"no plugin provided a runtime for region {region.name!r}")
         return None
-    fn = guarded_runtime(fn, plugin_rt, region.name, target, len(region.outputs))
+    fn = guarded_runtime(fn, plugin_rt, region.name, target, region.outputs)
     return CompiledRegion(region, artifact, plugin_rt, fn)
+
+
+def detach_inputs(node: ir.Node) -> None:
+    """Make ``node`` no user of its inputs, in time linear in their number (``Graph.remove`` with
+    ``safe=True`` rebuilds the input tuple once per input: quadratic in fan-in, minutes for a Sum
+    of 16,000 inputs)."""
+    inputs = node.inputs
+    remove_usage = getattr(ir.Value, "_remove_usage", None)
+    if remove_usage is None or not hasattr(node, "_inputs"):  # pragma: no cover - another onnx_ir
+        node.resize_inputs(0)
+        return
+    for index, value in enumerate(inputs):
+        if value is not None:
+            remove_usage(value, node, index)
+    node._inputs = ()
 
 
 def substitute_regions(compiled: Sequence[CompiledRegion]) -> None:
@@ -137,6 +218,8 @@ def substitute_regions(compiled: Sequence[CompiledRegion]) -> None:
         for old, new in zip(region.outputs, node.outputs):
             new.type, new.shape = old.type, old.shape
             replace_value(old, new)
+        for old_node in region.nodes:
+            detach_inputs(old_node)
         graph.remove(region.nodes, safe=True)
         region.outputs = list(node.outputs)
     for graph in touched.values():
@@ -177,7 +260,12 @@ __all__ = [
     "CompiledRegion",
     "check_host_kernels",
     "codegen_region",
+    "artifact_view",
+    "check_outputs",
     "guarded_runtime",
+    "output_specs",
+    "read_only",
+    "plugin_view",
     "region_step_factory",
     "substitute_regions",
     "validate_artifact",

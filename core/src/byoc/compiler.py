@@ -194,7 +194,7 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
 
     faults = _Faults(settings.strict)
     stages.next("vendor passes and calibration")
-    _pre_partition(settings.registry, ir_model, selected, options, faults)
+    ir_model = _pre_partition(settings.registry, ir_model, selected, options, faults)
     # targets that run quantised code: calibrate the float model once, here (after every rewrite)
     quantizer = _quant.prepare(ir_model, selected, options, settings.calibration, budget)
 
@@ -234,12 +234,23 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
 
 
 def _pre_partition(registry: Registry | None, ir_model: ir.Model, selected: Sequence[Target],
-                   options: Mapping[str, Mapping[str, Any]], faults: _Faults) -> None:
+                   options: Mapping[str, Mapping[str, Any]], faults: _Faults) -> ir.Model:
+    """Run each target's ``byoc_pre_partition`` passes on a copy of the model, kept only when none
+    of them raised: a pass that rewrites and then raises leaves no half-done rewrite behind."""
     for t in selected:
-        for plugin, _, exc in registry.call_each("byoc_pre_partition", target=t.name, model=ir_model,
+        if registry is None or not registry.hookimpls("byoc_pre_partition", t.name):
+            continue
+        work = ir_model.clone()
+        failed = False
+        for plugin, _, exc in registry.call_each("byoc_pre_partition", target=t.name, model=work,
                                                   options=options[t.name]):
             if exc is not None:
-                faults.add(plugin, "byoc_pre_partition", f"raised {type(exc).__name__}: {exc} (target {t.name!r})")
+                failed = True
+                faults.add(plugin, "byoc_pre_partition", f"raised {type(exc).__name__}: {exc} (target {t.name!r}; "
+                           f"the target's pre-partition rewrites were rolled back)")
+        if not failed:
+            ir_model = work
+    return ir_model
 
 
 def _partition(ir_model: ir.Model, selected: Sequence[Target], options: Mapping[str, Mapping[str, Any]],

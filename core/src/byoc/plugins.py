@@ -129,7 +129,9 @@ class Registry:
                     result = impl.function(**args)
                 else:
                     result = _call_with_timeout(impl.function, args, timeout, f"{impl.plugin_name}.{hook_name}")
-            except Exception as exc:  # the plugin's fault, reported by the caller
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # the plugin's fault (sys.exit() too), reported by the caller
                 yield impl.plugin_name, None, exc
                 continue
             if _TRACE:
@@ -207,7 +209,9 @@ def build_registry(plugins: Iterable[tuple[str, object]] = (), *, entry_points: 
             version = ep.dist.version if ep.dist is not None else ""
             try:
                 module = ep.load()
-            except Exception as exc:
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
                 fault = _import_fault(ep.name, exc, dist, version)
                 reg.faults.append(fault)
                 warnings.warn(str(fault), stacklevel=2)
@@ -309,7 +313,9 @@ def _each_target(reg: Registry, claimed: dict[str, list[Target]], extends: dict[
         args = {k: v for k, v in (("register", register), ("extend", extend)) if k in impl.argnames}
         try:
             impl.function(**args)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             yield impl.plugin_name, None, exc
             continue
         yield impl.plugin_name, None, None
@@ -346,7 +352,9 @@ def _collect_for_target(reg: Registry, target: str) -> None:
             args = {k: v for k, v in (("target", target), ("register", register)) if k in impl.argnames}
             try:
                 impl.function(**args)
-            except Exception as exc:
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
                 _fault(reg, impl.plugin_name, hook_name, f"raised {type(exc).__name__}: {exc} (target {target!r})")
 
 

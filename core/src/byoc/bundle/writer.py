@@ -217,6 +217,15 @@ def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
     return {MANIFEST: _json_bytes(manifest, "the manifest"), **members}
 
 
+def temporary_name(name: str, limit: int = 255) -> str:
+    """``.<name>.<random>.tmp`` within ``limit`` bytes (a file name's usual maximum): a long name is
+    shortened, on a character boundary, so that a 250-character bundle name can still be saved."""
+    suffix = f".{secrets.token_hex(6)}.tmp"
+    room = limit - 1 - len(suffix)
+    head = name.encode("utf-8")[:room].decode("utf-8", "ignore")
+    return f".{head}{suffix}"
+
+
 def save(cm: "CompiledModel", path: str | os.PathLike) -> Path:
     """Write ``cm`` to ``path`` atomically: a temporary file beside it, fsync, then ``os.replace``.
 
@@ -232,7 +241,7 @@ def save(cm: "CompiledModel", path: str | os.PathLike) -> Path:
     if not folder.is_dir():
         raise BundleError(f"cannot save the bundle to {str(path)!r}: the folder {str(folder)!r} does not exist")
     members = bundle_members(cm)  # everything that can fail on content fails before any file exists
-    tmp = folder / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    tmp = folder / temporary_name(path.name)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
         with os.fdopen(fd, "wb") as fh:

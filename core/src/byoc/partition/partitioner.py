@@ -97,7 +97,9 @@ def _verdict(registry: Registry, target: str, node: ir.Node, ctx: SupportContext
             return None
         try:
             result = entry.check(node, ctx)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             faults.add(entry.plugin, "byoc_register_operators",
                        f"support check for {node.op_type} raised {type(exc).__name__}: {exc} (node {node.name!r})")
             reasons.append(f"{node.op_type}: support check of plugin {entry.plugin!r} raised {type(exc).__name__}")
@@ -261,7 +263,9 @@ class Partitioner:
                     if m is not None and not all(verdict_ok[self.index[id(n)]] for n in m.nodes):
                         continue
                     ok = m is not None and (pattern.check is None or pattern.check(m, ctx))
-                except Exception as exc:
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exc:
                     self.faults.add(plugin, "byoc_register_patterns",
                                     f"pattern {pattern.name!r} raised {type(exc).__name__}: {exc} (node {node.name!r})")
                     continue
@@ -285,7 +289,9 @@ class Partitioner:
                 region = self._region_view(target.name, group, pattern_of)
                 try:
                     verdict = rule.fn(region, ctx)
-                except Exception as exc:
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exc:
                     self.faults.add(plugin, "byoc_register_rules",
                                     f"rule {rule.name!r} raised {type(exc).__name__}: {exc} "
                                     f"(region starting at node {region.nodes[0].name!r})")

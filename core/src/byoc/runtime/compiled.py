@@ -93,6 +93,8 @@ class CompiledModel:
             with controlled(timeout, cancel):
                 return self.run(feeds)
         if self.specializer is not None and isinstance(feeds, dict):
+            # refused feeds (names, dtypes, ranks) are refused here and use up no specialisation slot
+            check_feeds(self._plan.input_specs(), feeds, self.budget)
             chosen = self.specializer.select(feeds)
             if chosen is not self:
                 return chosen.run(feeds)

@@ -362,8 +362,35 @@ def check_feeds(specs: Sequence[InputSpec], feeds: dict[str, Any],
         if budget is not None:
             budget.check_bytes(arr.size * arr.dtype.itemsize, f"input {spec.name!r}",
                                f"a feed of shape {list(arr.shape)} ({arr.dtype})")
+        if arr.dtype == object:
+            _check_strings(spec.name, arr)
+        if arr.flags.writeable:  # kernels and plugin runtimes never change the caller's array
+            arr = read_only(arr)
         out[spec.name] = arr
     return out
+
+
+def read_only(arr: np.ndarray) -> np.ndarray:
+    """A read-only view of ``arr`` over a read-only buffer, so that even ``flags.writeable = True``
+    fails (numpy allows that on a plain view of a writable array); a plain read-only view where
+    the buffer protocol cannot carry the dtype (object, extension dtypes)."""
+    try:
+        out = np.asarray(memoryview(arr).toreadonly())
+        if out.dtype == arr.dtype and out.shape == arr.shape:
+            return out
+    except (TypeError, ValueError, BufferError):
+        pass
+    out = arr.view()
+    out.flags.writeable = False
+    return out
+
+
+def _check_strings(name: str, arr: np.ndarray) -> None:
+    """A STRING (object) feed holds only ``str`` elements."""
+    for index, item in np.ndenumerate(arr):
+        if not isinstance(item, str):
+            raise InputError(f"input {name!r}: element {list(index)} is {type(item).__name__} ({item!r:.40}), "
+                             f"a STRING input holds only str")
 
 
 def _fmt_shape(shape) -> str:

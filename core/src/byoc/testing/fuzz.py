@@ -3,7 +3,9 @@
 Starting from small valid models, each case applies one or more *structural* mutations (flipped
 element types, wrong data lengths, missing inputs, cycles, absurd shapes, deep nesting, unicode
 and NUL in names, external-data tricks, attribute damage, bogus opsets) or a byte-level one,
-then compiles the result and, if that succeeds, runs it on small random inputs.
+then compiles the result and, if that succeeds, runs it on small random inputs. Bundle cases
+(damaged options, members and compression) and hostile-plugin cases come from
+:mod:`byoc.testing.fuzz_hostile` (``--kinds model,bundle,plugin``, all by default).
 
 Every case must end in success or a :class:`byoc.ByocError`. Anything else is a finding: an
 exception of a foreign type, a case slower than the time limit (a hang), or one that allocated
@@ -23,7 +25,7 @@ import time
 import tracemalloc
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -448,14 +450,19 @@ def run_case(data: bytes, rng: random.Random, *, seed_model: str = "", mutations
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            compiled = byoc.compile(data, targets=[], budget=budget)
-            feeds = _random_feeds(compiled, rng)
-            compiled.run(feeds, timeout=time_limit)
+            if callable(data):  # a bundle or plugin case (byoc.testing.fuzz_hostile)
+                out.mutations = data(rng, budget)
+            else:
+                compiled = byoc.compile(data, targets=[], budget=budget)
+                feeds = _random_feeds(compiled, rng)
+                compiled.run(feeds, timeout=time_limit)
+    except KeyboardInterrupt:
+        raise
     except byoc.ByocError as exc:
         out.kind, out.detail = "byoc-error", f"{type(exc).__name__}: {str(exc)[:200]}"
     except RecursionError as exc:  # a foreign type: reported as a finding
         out.kind, out.detail = "foreign", f"RecursionError: {str(exc)[:200]}"
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit from a hostile plugin too: a finding
         out.kind, out.detail = "foreign", f"{type(exc).__name__}: {str(exc)[:300]}"
     finally:
         out.seconds = time.perf_counter() - t0
@@ -492,8 +499,22 @@ class Summary:
         return not self.findings
 
 
+def make_any_case(rng: random.Random, kinds: Sequence[str] = ("model",)) -> tuple[str, list[str], Any]:
+    """A model case (:func:`make_case`), or a bundle or plugin case (:mod:`byoc.testing.fuzz_hostile`),
+    whose ``data`` is then a callable ``(rng, budget) -> mutation names``."""
+    kind = rng.choice(list(kinds))
+    if kind == "model":
+        return make_case(rng)
+    from byoc.testing import fuzz_hostile
+
+    return kind, [], {"bundle": fuzz_hostile.bundle_case, "plugin": fuzz_hostile.plugin_case}[kind]
+
+
+KINDS = ("model", "bundle", "plugin")
+
+
 def fuzz(count: int | None = None, seconds: float | None = None, seed: int = 0,
-         progress: Callable[[Summary], None] | None = None) -> Summary:
+         progress: Callable[[Summary], None] | None = None, kinds: Sequence[str] = KINDS) -> Summary:
     if count is None and seconds is None:
         count = 200
     rng = random.Random(seed)
@@ -502,7 +523,7 @@ def fuzz(count: int | None = None, seconds: float | None = None, seed: int = 0,
     while (count is None or summary.cases < count) and (t_end is None or time.monotonic() < t_end):
         case_seed = rng.randrange(2**63)
         case_rng = random.Random(case_seed)
-        name, applied, data = make_case(case_rng)
+        name, applied, data = make_any_case(case_rng, kinds)
         outcome = run_case(data, case_rng, seed_model=name, mutations=applied)
         outcome.case_seed = case_seed
         summary.add(outcome)
@@ -511,10 +532,10 @@ def fuzz(count: int | None = None, seconds: float | None = None, seed: int = 0,
     return summary
 
 
-def replay(case_seed: int) -> Outcome:
-    """Re-run one case by the seed printed with a finding."""
+def replay(case_seed: int, kinds: Sequence[str] = KINDS) -> Outcome:
+    """Re-run one case by the seed printed with a finding (with the same ``--kinds``)."""
     rng = random.Random(case_seed)
-    name, applied, data = make_case(rng)
+    name, applied, data = make_any_case(rng, kinds)
     return run_case(data, rng, seed_model=name, mutations=applied)
 
 
@@ -525,13 +546,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="run for this long")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--replay", type=int, metavar="CASE_SEED", help="re-run one case")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help="case kinds, comma-separated: model (mutated ONNX), bundle (damaged bundles: "
+                             "options, members, compression), plugin (hostile plugins); default all")
     parser.add_argument("--address-space-gib", type=float, default=8.0,
                         help="cap the process's address space (0: no cap)")
     args = parser.parse_args(argv)
     if args.address_space_gib > 0:
         limit_address_space(int(args.address_space_gib * (1 << 30)))
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not kinds or set(kinds) - set(KINDS):
+        parser.error(f"--kinds: choose from {', '.join(KINDS)}")
     if args.replay is not None:
-        o = replay(args.replay)
+        o = replay(args.replay, kinds)
         print(f"{o.kind}: seed model {o.seed_model}, mutations {o.mutations}: {o.detail}")
         return 0 if o.kind in ("ok", "byoc-error") else 1
 
@@ -539,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {s.cases} cases: {s.counts}", flush=True)
 
     t0 = time.perf_counter()
-    s = fuzz(args.count, args.seconds, args.seed, progress)
+    s = fuzz(args.count, args.seconds, args.seed, progress, kinds)
     print(f"{s.cases} cases in {time.perf_counter() - t0:.0f} s (seed {args.seed}): "
           f"{s.counts.get('ok', 0)} compiled and ran, {s.counts.get('byoc-error', 0)} refused with a byoc error")
     print("byoc errors by type: " + ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items())))

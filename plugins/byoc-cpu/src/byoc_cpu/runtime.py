@@ -14,14 +14,18 @@ Loading an artifact never trusts it:
    ``NUMBA_CACHE_DIR``) every later time: loading the same bundle again does not recompile.
 
 The cache folder is the target option ``cache_dir``, else ``$BYOC_CPU_CACHE``, else
-``~/.cache/byoc/cpu``; when it cannot be written, a private temporary folder is used (a warning
-says so, and nothing is cached across processes).
+``~/.cache/byoc/cpu`` (never a bundle's: ``cache_dir`` is machine-local). Numba's cache index is
+a pickle, so the folder is used only when this user owns it, nobody else can write it and byoc-cpu
+made it (:func:`check_cache_dir`); otherwise, or when it cannot be written, a private temporary
+folder is used (a warning says so, and nothing is cached across processes).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import stat
 import sys
 import tempfile
 import threading
@@ -56,10 +60,41 @@ def cache_dir(options: Mapping[str, Any] | None = None) -> Path:
     return Path.home() / ".cache" / "byoc" / "cpu"
 
 
+#: marks a cache folder byoc-cpu made (the only kind whose Numba index files, a pickle format, are read)
+MARKER = ".byoc-cpu-cache"
+_OWN_NAME = re.compile(r"byoc_cpu_[0-9a-f]{64}\.py|__pycache__|\.byoc_cpu_.*\.tmp|\.probe-.*")
+
+
+def check_cache_dir(folder: Path) -> None:
+    """Raise ``PermissionError`` unless ``folder`` is safe to cache in: a real folder (not a link), owned by
+    this user, writable by nobody else, and made by byoc-cpu (it holds :data:`MARKER`, or is empty and gets it).
+    Numba reads its index files back with pickle, so a folder someone else can write must never be used."""
+    for path in (folder, folder / "__pycache__"):
+        if path != folder and not os.path.lexists(path):
+            continue
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise PermissionError(f"{str(path)!r} is not a folder (or is a symbolic link)")
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            raise PermissionError(f"{str(path)!r} is owned by uid {st.st_uid}, not by this user ({os.getuid()})")
+        if st.st_mode & 0o022:
+            raise PermissionError(f"{str(path)!r} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+    marker = folder / MARKER
+    if not marker.is_file():
+        foreign = [p.name for p in folder.iterdir() if not _OWN_NAME.fullmatch(p.name)]
+        if foreign:
+            raise PermissionError(f"{str(folder)!r} was not made by byoc-cpu (no {MARKER} file; it holds "
+                                  f"{sorted(foreign)[:3]})")
+        marker.write_bytes(b"")
+
+
 def _writable_dir(preferred: Path) -> Path:
     global _fallback_dir
     try:
-        preferred.mkdir(parents=True, exist_ok=True)
+        if not os.path.lexists(preferred):
+            preferred.parent.mkdir(parents=True, exist_ok=True)
+            preferred.mkdir(mode=0o700)
+        check_cache_dir(preferred)
         probe = preferred / f".probe-{os.getpid()}-{threading.get_ident()}"
         probe.write_bytes(b"")
         probe.unlink()
@@ -67,9 +102,44 @@ def _writable_dir(preferred: Path) -> Path:
     except OSError as exc:
         if _fallback_dir is None:
             _fallback_dir = Path(tempfile.mkdtemp(prefix="byoc-cpu-"))
-            warnings.warn(f"byoc-cpu: cache folder {str(preferred)!r} is not writable ({exc}); compiling into "
-                          f"{str(_fallback_dir)!r}, which is not kept", stacklevel=3)
+            (_fallback_dir / MARKER).write_bytes(b"")
+        warnings.warn(f"byoc-cpu: cache folder {str(preferred)!r} cannot be used ({exc}); compiling into "
+                      f"{str(_fallback_dir)!r}, which is not kept", stacklevel=3)
         return _fallback_dir
+
+
+#: most generated modules a cache folder keeps (``$BYOC_CPU_CACHE_MAX_MODULES``); the oldest go first
+DEFAULT_MAX_MODULES = 512
+
+
+def max_modules() -> int:
+    try:
+        return max(1, int(os.environ.get("BYOC_CPU_CACHE_MAX_MODULES", DEFAULT_MAX_MODULES)))
+    except ValueError:
+        return DEFAULT_MAX_MODULES
+
+
+def evict(folder: Path, limit: int, keep: set[str] = frozenset()) -> list[str]:
+    """Delete the oldest generated modules (and their Numba cache files) beyond ``limit``, never
+    one in ``keep`` (digests imported by this process); returns the digests removed."""
+    modules = []
+    for path in folder.glob("byoc_cpu_*.py"):
+        digest = path.stem[len("byoc_cpu_"):]
+        try:
+            modules.append((path.stat().st_mtime_ns, digest, path))
+        except OSError:
+            continue
+    removed = []
+    for _, digest, path in sorted(modules)[: max(0, len(modules) - limit)]:
+        if digest in keep:
+            continue
+        for victim in [path, *(folder / "__pycache__").glob(f"byoc_cpu_{digest}.*")]:
+            try:
+                victim.unlink()
+            except OSError:
+                pass
+        removed.append(digest)
+    return removed
 
 
 def _module_file(folder: Path, source: str, digest: str) -> Path:
@@ -83,6 +153,7 @@ def _module_file(folder: Path, source: str, digest: str) -> Path:
     tmp = folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
     tmp.write_bytes(data)
     os.replace(tmp, path)
+    evict(folder, max_modules(), keep=set(_modules) | {digest})
     return path
 
 
@@ -195,4 +266,4 @@ def load(artifact: Artifact, options: Mapping[str, Any] | None = None) -> CpuReg
     return CpuRegion(name, module, consts, program, time.perf_counter() - t0)
 
 
-__all__ = ["CpuRegion", "cache_dir", "import_source", "load"]
+__all__ = ["CpuRegion", "cache_dir", "check_cache_dir", "evict", "import_source", "load"]
