@@ -83,12 +83,7 @@ class ExternalData:
         for r in self._reads:
             t = r.tensor
             saved.append((list(t.dims), [(e.key, e.value) for e in t.external_data]))
-            rank = len(t.dims)
-            t.ClearField("external_data")
-            t.data_location = TensorProto.DEFAULT
-            del t.dims[:]
-            t.dims.extend([1] * rank)
-            t.raw_data = bytes(validate.raw_nbytes(t.data_type, 1))
+            validate.one_element_stand_in(t)
         try:
             yield
         finally:

@@ -699,3 +699,15 @@ def _raise_unsupported(bad: list[tuple[str, str, str]], labels: list[str]) -> No
         f"byoc.kernels.supported_ops() lists the operators byoc runs; a vendor plugin may add others",
         nodes=bad,
     )
+
+
+def one_element_stand_in(t: onnx.TensorProto) -> None:
+    """Turn ``t`` (in place) into a one-element inline tensor of the same type and rank: what
+    the ONNX checker sees instead of a stubbed or external weight (it inspects name, type and
+    rank only)."""
+    rank = len(t.dims)
+    t.ClearField("external_data")
+    t.data_location = onnx.TensorProto.DEFAULT
+    del t.dims[:]
+    t.dims.extend([1] * rank)
+    t.raw_data = bytes(raw_nbytes(t.data_type, 1))

@@ -175,12 +175,7 @@ class Weights:
     def checker_view(self):
         """Turn every stub into a one-element inline tensor of the same rank while the ONNX checker runs."""
         for t in self._stubs:
-            rank = len(t.dims)
-            t.ClearField("external_data")
-            t.data_location = _T.DEFAULT
-            del t.dims[:]
-            t.dims.extend([1] * rank)
-            t.raw_data = bytes(validate.raw_nbytes(t.data_type, 1))
+            validate.one_element_stand_in(t)
         try:
             yield
         finally:

@@ -14,6 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from byoc.contract import SupportContext
+from byoc.contract import attr as _attr
 from byoc_vitis.program import LEAKY_ALPHA
 
 #: DPU limits (README.md, "Operators and limits")
@@ -28,14 +29,6 @@ CHANNELS_MAX = 4096
 Check = Callable[[ir.Node, SupportContext], Any]
 
 
-def _attr(node: ir.Node, name: str, default: Any = None) -> Any:
-    a = node.attributes.get(name)
-    if a is None:
-        return default
-    v = a.value
-    if isinstance(v, (str, bytes, int, float)):
-        return v
-    return list(v)
 
 
 def _ints(node: ir.Node, name: str, default: list[int]) -> list[int]:
