@@ -196,3 +196,30 @@ def test_passes_can_be_switched_off_and_unknown_names_are_refused():
     with pytest.raises(ValueError, match="unknown pass"):
         byoc.compile(proto, targets=[], passes=["no_such_pass"])
     assert set(DEFAULT_PASSES) >= {"constant_folding", "cse", "dead_code", "bn_folding", "identity_removal"}
+
+
+
+def test_ceil_mode_pool_shapes_follow_the_operator_not_onnx_inference():
+    """ONNX shape inference keeps a ceil_mode window that starts in the trailing padding; the
+    operator (onnxruntime, byoc's kernels) drops it. The declared shapes must say what runs, and
+    values computed from the pool lose their (wrongly inferred) static dims."""
+    pool = h.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 1], strides=[3, 1], pads=[0, 0, 1, 0],
+                       ceil_mode=1, name="pool")
+    relu = h.make_node("Relu", ["p"], ["y"], name="relu")
+    graph = h.make_graph([pool, relu], "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 1, 3, 1])],
+                         [h.make_tensor_value_info("y", T.FLOAT, None)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    inferred = onnx.shape_inference.infer_shapes(model)
+    assert [d.dim_value for d in inferred.graph.value_info[0].type.tensor_type.shape.dim] == [1, 1, 2, 1]  # the trap
+
+    ir_model = load_model(model)
+    run_passes(ir_model, ["shape_inference"])
+    pool_out = next(n for n in ir_model.graph if n.name == "pool").outputs[0]
+    relu_out = next(n for n in ir_model.graph if n.name == "relu").outputs[0]
+    assert list(pool_out.shape) == [1, 1, 1, 1]
+    assert relu_out.shape is None or not any(isinstance(d, int) for d in relu_out.shape)
+
+    x = np.arange(3, dtype=np.float32).reshape(1, 1, 3, 1)
+    for targets in ([], None):
+        got = byoc.compile(model, targets=targets).run({"x": x})["y"]
+        np.testing.assert_array_equal(got, run_onnxruntime(model, {"x": x})[0])

@@ -83,22 +83,33 @@ def output_specs(values: Sequence[ir.Value]) -> list[tuple[str, np.dtype | None,
     return specs
 
 
-def check_outputs(outs: Any, specs: Sequence[tuple[str, Any, Any]], plugin: str, region_name: str) -> None:
-    """Every output a region's callable returned must be an array of its declared dtype and shape."""
+class RegionOutputError(PluginError):
+    """A region's callable returned, but not what the region declares (count, type, dtype or
+    shape): the plugin's runtime accepted inputs or produced results it should have refused."""
+
+
+def check_outputs(outs: Any, specs: Sequence[tuple[str, Any, Any]], plugin: str, region_name: str) -> list[np.ndarray]:
+    """Every output a region's callable returned must be an array of its declared dtype and shape;
+    returns them, a numpy scalar (what numpy gives for a 0-d result) as the 0-d array it stands for."""
     where = f"plugin {plugin!r}, hook byoc_runtime: region {region_name!r}"
     if not isinstance(outs, (list, tuple)) or len(outs) != len(specs):
-        raise PluginError(
+        raise RegionOutputError(
             f"{where} returned {type(outs).__name__} of length {len(outs) if hasattr(outs, '__len__') else '?'}, "
             f"expected a sequence of {len(specs)} arrays"
         )
+    checked = []
     for out, (name, dtype, dims) in zip(outs, specs):
+        if isinstance(out, np.generic):
+            out = np.asarray(out)
         if not isinstance(out, np.ndarray):
-            raise PluginError(f"{where}: output {name!r} is {type(out).__name__}, expected a numpy array")
+            raise RegionOutputError(f"{where}: output {name!r} is {type(out).__name__}, expected a numpy array")
         if dtype is not None and out.dtype != dtype:
-            raise PluginError(f"{where}: output {name!r} is {out.dtype}, declared {dtype}")
+            raise RegionOutputError(f"{where}: output {name!r} is {out.dtype}, declared {dtype}")
         if dims is not None and (out.ndim != len(dims) or any(d is not None and d != n for d, n in zip(dims, out.shape))):
             declared = [d if d is not None else "?" for d in dims]
-            raise PluginError(f"{where}: output {name!r} has shape {list(out.shape)}, declared {declared}")
+            raise RegionOutputError(f"{where}: output {name!r} has shape {list(out.shape)}, declared {declared}")
+        checked.append(out)
+    return checked
 
 
 def guarded_runtime(fn: Callable, plugin: str, region_name: str, target: str,
@@ -121,8 +132,7 @@ def guarded_runtime(fn: Callable, plugin: str, region_name: str, target: str,
                 f"plugin {plugin!r}, hook byoc_runtime: the callable for region {region_name!r} (target {target!r}) "
                 f"raised {type(exc).__name__}: {exc}"
             ) from exc
-        check_outputs(outs, specs, plugin, region_name)
-        return outs
+        return check_outputs(outs, specs, plugin, region_name)
 
     return run
 

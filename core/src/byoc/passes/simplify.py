@@ -13,10 +13,82 @@ from byoc.passes.base import PassContext, replace_value
 def infer_shapes(model: ir.Model, ctx: PassContext) -> bool:
     """ONNX shape inference (with data propagation) filling in value types and shapes."""
     try:
-        return common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model).modified
+        modified = common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model).modified
     except Exception as exc:  # inference is an aid; kernels do not depend on it
         warnings.warn(f"shape inference failed, continuing without it: {exc}", stacklevel=2)
         return False
+    return _ceil_mode_pool_shapes(model) or modified
+
+
+_CEIL_POOLS = ("MaxPool", "AveragePool", "LpPool")
+
+
+def _ceil_mode_pool_shapes(model: ir.Model) -> bool:
+    """Correct what ONNX shape inference says of ``ceil_mode`` pooling.
+
+    With ``ceil_mode=1`` a window that would start in the trailing padding is dropped (the
+    operator as onnxruntime and byoc's kernels run it, :func:`byoc.kernels.conv.window_geometry`);
+    ONNX's shape inference keeps it, one element too many. The output gets the real size, and
+    every value computed from it loses its static dims (they were inferred from the wrong size),
+    so a declared shape never contradicts what runs.
+    """
+    wrong: list[ir.Value] = []
+    changed = False
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.op_type not in _CEIL_POOLS or node.domain not in ("", "ai.onnx"):
+            continue
+        real = _ceil_pool_dims(node)
+        for out in node.outputs[:1 + (node.op_type == "MaxPool")]:
+            if real is None or out is None or out.shape is None or len(out.shape) != len(real):
+                continue
+            dims = [d if r is None else r for d, r in zip(out.shape, real)]
+            if list(out.shape) != dims:
+                out.shape = ir.Shape(dims)
+                changed = True
+                wrong.extend(v for u in out.uses() for v in u.node.outputs)
+    seen: set[int] = set()
+    while wrong:
+        v = wrong.pop()
+        if v is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if v.shape is not None:
+            v.shape = ir.Shape([None] * len(v.shape))
+        wrong.extend(w for u in v.uses() for w in u.node.outputs)
+    return changed
+
+
+def _ceil_pool_dims(node: ir.Node) -> list[int | None] | None:
+    """The output shape of a ``ceil_mode`` pooling node with explicit pads (``None`` for the
+    batch and channel dims), or ``None`` where it does not apply or is unknown."""
+    a = node.attributes
+    ceil = a.get("ceil_mode")
+    auto_pad = a.get("auto_pad")
+    if ceil is None or not ceil.value or (auto_pad is not None and auto_pad.value not in ("NOTSET", "")):
+        return None
+    x = node.inputs[0] if node.inputs else None
+    kernel = a.get("kernel_shape")
+    if x is None or x.shape is None or kernel is None:
+        return None
+    spatial = list(x.shape)[2:]
+    nd = len(spatial)
+    if nd != len(kernel.value) or not all(isinstance(d, int) for d in spatial):
+        return None
+    strides = list(a["strides"].value) if "strides" in a else [1] * nd
+    dilations = list(a["dilations"].value) if "dilations" in a else [1] * nd
+    pads = list(a["pads"].value) if "pads" in a else [0] * (2 * nd)
+    if len(strides) != nd or len(dilations) != nd or len(pads) != 2 * nd or min(strides) < 1:
+        return None
+    dims: list[int | None] = [None, None]
+    for i, n in enumerate(spatial):
+        span = n + pads[i] + pads[i + nd] - ((kernel.value[i] - 1) * dilations[i] + 1)
+        if span < 0:
+            return None
+        o = -(-span // strides[i]) + 1
+        if (o - 1) * strides[i] >= n + pads[i]:
+            o -= 1
+        dims.append(o)
+    return dims
 
 
 def eliminate_common_subexpressions(model: ir.Model, ctx: PassContext) -> bool:
