@@ -228,23 +228,19 @@ class GraphSuites(Runner):
         return items()
 
     def check_bundle(self) -> CheckResult:
-        closed = self._closed("bundle", "save -> load -> run")
-        if closed:
-            return closed
-        r = CheckResult("bundle", "save -> load -> run")
-        s = self._graph_items()
-        if s is None:
-            r.status, r.message = UNTESTED, "no model the kit can build places anything on the target"
-            return r
-        return self._explore(r, s, self._bundle_outcome, self._describe_model, self.graph_examples)
+        return self._whole_graph_check("bundle", "save -> load -> run", self._bundle_outcome)
 
     def check_determinism(self) -> CheckResult:
-        closed = self._closed("determinism", "artifacts and bundles")
+        return self._whole_graph_check("determinism", "artifacts and bundles", self._determinism_outcome)
+
+    def _whole_graph_check(self, suite: str, label: str, outcome) -> CheckResult:
+        """One suite over the kit's whole graphs that place something on the target."""
+        closed = self._closed(suite, label)
         if closed:
             return closed
-        r = CheckResult("determinism", "artifacts and bundles")
+        r = CheckResult(suite, label)
         s = self._graph_items()
         if s is None:
             r.status, r.message = UNTESTED, "no model the kit can build places anything on the target"
             return r
-        return self._explore(r, s, self._determinism_outcome, self._describe_model, self.graph_examples)
+        return self._explore(r, s, outcome, self._describe_model, self.graph_examples)
