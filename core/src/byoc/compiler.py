@@ -8,6 +8,7 @@ compile (once without those targets, then per concrete shapes on first use).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -31,7 +32,8 @@ from byoc.errors import OptionError
 from byoc.frontend import load_model
 from byoc.frontend.loader import ModelLike
 from byoc.partition.partitioner import Partitioner, _Faults, ensure_node_names, subgraph_scopes
-from byoc.partition.placement import PLACEMENTS
+from byoc.partition import measure as _measure
+from byoc.partition.placement import HOST, PLACEMENTS
 from byoc.partition.records import NodeRecord
 from byoc.contract import Region, Target
 from byoc.contract.options import resolve_options as _resolve
@@ -96,6 +98,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     calibration: Iterable[Mapping[str, np.ndarray]] | None = None,
     placement: str = "priority",
     input_shapes: Mapping[str, Sequence[int] | int] | None = None,
+    measure_budget_s: float | None = None,
 ) -> CompiledModel:
     """Compile an ONNX model.
 
@@ -119,14 +122,23 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         turn takes every node it supports that is still free) or ``"cost"`` (each node's device
         is chosen over the whole graph to minimise estimated time: the targets' ``byoc_cost``
         hooks or byoc's FLOPs/bytes model, transfers over ``Target.bandwidth`` and
-        ``Target.launch_overhead``; see :mod:`byoc.partition.placement`).
+        ``Target.launch_overhead``; see :mod:`byoc.partition.placement`) or ``"measure"`` (each
+        region the priority partition forms is compiled and timed on its target, on the host and
+        split at pattern boundaries, and the fastest is kept; times cached on disk per machine;
+        see :mod:`byoc.partition.measure`).
     :param input_shapes: fixed input shapes, applied before shape inference: input name -> shape
         (``{"x": [1, 3, 224, 224]}``) or symbolic dimension name -> size (``{"batch": 1}``); see
         :mod:`byoc.frontend.shapes`. Static-shape targets then place their regions at compile time.
+    :param measure_budget_s: with ``placement="measure"``: wall-clock seconds this compile may spend
+        measuring (default :data:`byoc.partition.measure.MEASURE_BUDGET_S`); candidates left when it
+        is spent are priced by estimates, and the report says which.
     :returns: a :class:`CompiledModel`.
     """
     if placement not in PLACEMENTS:
         raise OptionError(f"placement={placement!r}: expected one of {', '.join(map(repr, PLACEMENTS))}")
+    if measure_budget_s is not None and (isinstance(measure_budget_s, bool) or not isinstance(
+            measure_budget_s, (int, float)) or not 0 <= measure_budget_s < math.inf):
+        raise OptionError(f"measure_budget_s={measure_budget_s!r}: expected a finite number of seconds >= 0")
     check_compile_args(targets=targets, passes=passes, budget=budget, target_options=target_options,
                        strict=strict, hook_timeout=hook_timeout, calibration=calibration)
     budget = budget or DEFAULT_BUDGET
@@ -148,7 +160,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         if has_symbolic_inputs(proto):
             if calibration is not None and any(t.needs_calibration for t in selected):
                 calibration = list(calibration)  # each shape specialisation calibrates again
-            settings = _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement)
+            settings = _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s)
 
             def compile_shapes(p: onnx.ModelProto, ts: Sequence[Target]) -> CompiledModel:
                 return compile_model(_load(p, budget, require_kernels=not ts), ts,
@@ -157,7 +169,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
             stages.finish()
             return specialise(proto, selected, compile_shapes)
     cm = compile_model(ir_model, selected, options,
-                       _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement), stages)
+                       _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s), stages)
     if skipped:
         cm.options["skipped_targets"] = skipped
     return cm
@@ -174,6 +186,7 @@ class _Settings:
     hook_timeout: float | None
     calibration: Iterable[Mapping[str, np.ndarray]] | None
     placement: str = "priority"
+    measure_budget_s: float | None = None
 
 
 def _load(model: ModelLike, budget: Budget, *, require_kernels: bool) -> ir.Model:
@@ -262,16 +275,39 @@ def _partition(ir_model: ir.Model, selected: Sequence[Target], options: Mapping[
     counters: dict[str, int] = {}
     records: dict[str, NodeRecord] = {}
     regions: list[Region] = []
+    session = refine = None
+    if settings.placement == "measure":
+        session = _measure.Session(budget=settings.budget, registry=settings.registry,
+                                   hook_timeout=settings.hook_timeout)
+        if settings.measure_budget_s is not None:
+            session.budget_s = float(settings.measure_budget_s)
+
+        def refine(p: Partitioner) -> None:
+            _measure.refine(p, session)
     for graph, scope in [(ir_model.graph, "")] + subgraph_scopes(ir_model.graph):
         result = Partitioner(ir_model, settings.registry, selected, options, settings.strict, graph=graph,
-                             scope=scope, counters=counters, placement=settings.placement).run()
+                             scope=scope, counters=counters, placement=settings.placement, refine=refine).run()
         faults.items.extend(result.faults)
         records.update(result.records)
         regions.extend(result.regions)
         if result.estimates is not None:
             est.setdefault("regions", {}).update(result.estimates)
             est["total_s"] = est.get("total_s", 0.0) + (result.estimated_cost or 0.0)
+    if session is not None:
+        session.save()
+        est.update(_measure_report(session, records))
     return records, regions
+
+
+def _measure_report(session: Any, records: Mapping[str, NodeRecord]) -> dict[str, Any]:
+    """The measurement summary and one decision per candidate region, its nodes named by the
+    regions they ended up in (``"host"`` for nodes given back to the host)."""
+    decisions = []
+    for d in session.decisions:
+        where = list(dict.fromkeys(records[n].region or HOST for n in d["nodes"] if n in records))
+        decisions.append({**{k: v for k, v in d.items() if k != "nodes"}, "nodes": len(d["nodes"]),
+                          "first_node": d["nodes"][0], "last_node": d["nodes"][-1], "regions": where})
+    return {"measure": session.summary(), "decisions": decisions}
 
 
 def _codegen(regions: Sequence[Region], records: dict[str, NodeRecord], options: Mapping[str, Mapping[str, Any]],

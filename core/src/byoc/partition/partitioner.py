@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import warnings
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import onnx
 import onnx_ir as ir
@@ -181,7 +181,7 @@ class Partitioner:
     def __init__(self, model: ir.Model, registry: Registry, targets: Sequence[Target],
                  options: Mapping[str, Mapping[str, Any]], strict: bool = False, *,
                  graph: ir.Graph | None = None, scope: str = "", counters: dict[str, int] | None = None,
-                 placement: str = "priority"):
+                 placement: str = "priority", refine: Callable[["Partitioner"], None] | None = None):
         self.model = model
         self.graph = model.graph if graph is None else graph
         self.scope = scope
@@ -211,6 +211,12 @@ class Partitioner:
         self.estimated_cost: float | None = None
         self.problem: Problem | None = None
         self._verdicts: dict[str, list[bool]] = {}
+        #: node index -> composite id (a pattern match), over every target's placed composites
+        self.composite_of: dict[int, int] = {}
+        self._n_composites = 0
+        #: placement="measure": re-decides the placed regions before they are outlined
+        #: (:func:`byoc.partition.measure.refine`)
+        self.refine = refine
 
     # -- units: placed regions, composites, single nodes --------------------------------------
 
@@ -367,8 +373,8 @@ class Partitioner:
             self._verdicts[target.name] = verdict_ok
         return self._verdicts[target.name]
 
-    def _place_by_cost(self) -> None:
-        """Choose every node's device over the whole graph (:mod:`byoc.partition.placement`)."""
+    def cost_problem(self) -> Problem:
+        """The placement problem of this graph with byoc's estimates (:mod:`byoc.partition.costs`)."""
         supported = {t.name: self._support(t, SupportContext(t.name, self.options.get(t.name, {})))
                      for t in self.targets}
 
@@ -377,8 +383,12 @@ class Partitioner:
             outline(region, self.model)
             return region
 
-        problem = build_problem(self.nodes, self.preds, self.targets, supported, self.registry, self.options,
-                                one_node, lambda plugin, hook, msg: self.faults.add(plugin, hook, msg))
+        return build_problem(self.nodes, self.preds, self.targets, supported, self.registry, self.options,
+                             one_node, lambda plugin, hook, msg: self.faults.add(plugin, hook, msg))
+
+    def _place_by_cost(self) -> None:
+        """Choose every node's device over the whole graph (:mod:`byoc.partition.placement`)."""
+        problem = self.cost_problem()
         assign, total = solve(problem)
         self.problem = problem
         self.assignment = [problem.devices[d] for d in assign]
@@ -406,6 +416,12 @@ class Partitioner:
         unit_groups = form_regions(len(self.nodes), self.preds, unit_of, n_units, candidate)
         groups = [sorted(i for u in g for i in members_of[u]) for g in unit_groups]
         groups = self._apply_rules(target, ctx, groups, pattern_of, composites)
+        kept = {i for group in groups for i in group}
+        for members in composites:
+            if members[0] in kept:
+                cid = self._n_composites
+                self._n_composites += 1
+                self.composite_of.update((i, cid) for i in members)
         for group in groups:
             rid = len(self.placed)
             self.placed.append((target.name, group, {i: pattern_of[i] for i in group if i in pattern_of}))
@@ -431,6 +447,8 @@ class Partitioner:
             self._place_by_cost()
         for target in self.targets:
             self._partition_target(target)
+        if self.refine is not None and self.placed:
+            self.refine(self)
         # defensive: the whole placement must contract to a DAG
         unit_of, n_units = self._units([])
         if not is_acyclic(len(self.nodes), self.preds, unit_of, n_units):  # pragma: no cover - guarded above

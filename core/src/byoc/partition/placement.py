@@ -41,7 +41,7 @@ from typing import Sequence
 import numpy as np
 
 HOST = "host"
-PLACEMENTS = ("priority", "cost")
+PLACEMENTS = ("priority", "cost", "measure")
 #: states kept per step; exact while the frontier's combinations stay below it
 DEFAULT_BEAM = 2048
 

@@ -20,9 +20,11 @@ _PROTO_LIMIT = 1_800_000_000
 def _targets_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", "-t", action="append", metavar="TARGET",
                    help="target to use, in priority order (repeat); default: every available target")
-    p.add_argument("--placement", choices=["priority", "cost"], default="priority",
+    p.add_argument("--placement", choices=["priority", "cost", "measure"], default="priority",
                    help="priority (default): each target in turn takes what it supports; cost: every node where "
-                        "the estimates say the whole model runs fastest (the report lists each region's alternatives)")
+                        "the estimates say the whole model runs fastest; measure: each region timed on its target, on the "
+                        "host and split, the fastest kept (times cached per machine); the report lists each "
+                        "region's alternatives and why one won")
     from byoc.frontend.shapes import add_shape_argument
 
     add_shape_argument(p)  # --shape NAME=D1,D2,... (explain and partition)

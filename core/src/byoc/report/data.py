@@ -255,7 +255,39 @@ def report_data(compiled: "CompiledModel") -> dict[str, Any]:
         },
         "faults": [_fault_entry(f) for f in compiled.faults],
         "fallbacks": fallbacks,
+        **({"placement": placement} if (placement := placement_section(compiled)) is not None else {}),
     }
 
 
-__all__ = ["HOST", "SCHEMA_VERSION", "report_data"]
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def placement_section(compiled: "CompiledModel") -> dict[str, Any] | None:
+    """With placement="cost" or "measure": per region, the alternatives it was chosen among, their
+    times (estimated, measured or read from the cache) and why the chosen one won."""
+    opts = getattr(compiled, "options", None) or {}
+    mode, est = opts.get("placement", "priority"), opts.get("placement_estimates") or {}
+    if mode == "priority" or not est:
+        return None
+    decisions = est.get("decisions")
+    if decisions is None:  # "cost": one decision per region, from the whole-graph estimate
+        decisions = []
+        for name, info in est.get("regions", {}).items():
+            alts = {d: s for d, s in info["estimated_s"].items()}
+            target = info["target"]
+            best = min((s, d) for d, s in alts.items() if s is not None)
+            if best[1] == target:
+                others = [(s, d) for d, s in alts.items() if s is not None and d != target]
+                why = f"{target} has the lowest estimate" + (
+                    f": {_ms(min(others)[0] - alts[target])} less than {min(others)[1]}" if others else "")
+            else:
+                why = (f"{best[1]} alone is estimated {_ms(alts[target] - best[0])} faster, but the whole-graph "
+                       f"optimum keeps it on {target}: moving its tensors or starting a region would cost more")
+            decisions.append({"target": target, "regions": [name], "chosen": f"all on {target}", "why": why,
+                              "alternatives": [{"plan": f"all on {d}", "seconds": s, "source": "estimated"}
+                                               for d, s in alts.items()]})
+    return {"mode": mode, "total_s": est.get("total_s"), "measure": est.get("measure"), "decisions": decisions}
+
+
+__all__ = ["HOST", "SCHEMA_VERSION", "placement_section", "report_data"]

@@ -86,6 +86,15 @@ def render_noscript(data: dict[str, Any]) -> str:
              r["host_fallback"] or ""] for r in data["regions"]]
     parts.append(_html_table("byoc-static-regions", ["region", "target", "nodes", "inputs", "outputs", "FLOPs",
                                                      "artifact", "host fallback"], rows, {2, 5}))
+    placement = data.get("placement")
+    if placement:
+        parts.append(f"<h2>Placement ({_esc(placement['mode'])})</h2>")
+        rows = [[", ".join(d.get("regions") or []), d["target"], d["chosen"],
+                 "; ".join(f"{a['plan']}: " + ("n/a" if a["seconds"] is None else f"{a['seconds'] * 1e3:.3f} ms")
+                           + f" ({a['source']})" for a in d["alternatives"]), d["why"]]
+                for d in placement["decisions"]]
+        parts.append(_html_table("byoc-static-placement", ["regions", "target", "chosen", "alternatives", "why"],
+                                 rows))
     faults = data.get("faults") or []
     if faults:
         parts.append(f"<h2>Plugin faults ({len(faults)})</h2><ul>"

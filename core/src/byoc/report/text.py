@@ -46,6 +46,35 @@ def _shape(shape: list | None) -> str:
     return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
 
 
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def _placement_lines(placement: dict[str, Any] | None) -> list[str]:
+    """Each region's alternatives with their times and why the chosen one won."""
+    if not placement:
+        return []
+    head = f"Placement ({placement['mode']})"
+    m = placement.get("measure")
+    if m:
+        head += (f": measured {m['measured']}, from cache {m['cached']}, estimated {m['estimated']}"
+                 f" ({m['failed']} could not run); {m['spent_s']:.1f} s of a {m['budget_s']:g} s budget"
+                 + (", budget spent: the rest are estimates" if m["budget_exhausted"] else ""))
+    elif placement.get("total_s") is not None:
+        head += f": estimated end-to-end {_ms(placement['total_s'])}"
+    lines = ["", head + ":"]
+    for d in placement["decisions"]:
+        where = ", ".join(d.get("regions") or []) or "-"
+        span = f" ({d['nodes']} nodes, {d['first_node']} .. {d['last_node']})" if "nodes" in d else ""
+        lines.append(f"  {d['target']} region -> {where}{span}: chose {d['chosen']}")
+        for a in d["alternatives"]:
+            note = f"  [{a['note']}]" if a.get("note") else ""
+            mark = "*" if a["plan"] == d["chosen"] else " "
+            lines.append(f"    {mark} {a['plan']}: {_ms(a['seconds'])} {a['source']}{note}")
+        lines.append(f"    why: {d['why']}")
+    return lines
+
+
 def render_text(data: dict[str, Any]) -> str:
     nodes = data["nodes"]
     targets = [t["name"] for t in data["targets"]]
@@ -102,6 +131,7 @@ def render_text(data: dict[str, Any]) -> str:
                           str(r["artifact"]["bytes"]), pats])
         lines.extend(_table(["region", "target", "nodes", "flops", "in", "out", "artifact", "bytes", "patterns"],
                             rrows, {2, 3, 4, 5, 7}))
+    lines.extend(_placement_lines(data.get("placement")))
     if reasons.items:
         lines += ["", "Verdict reasons (node count):"]
         for text, k in reasons.items.items():

@@ -1,0 +1,459 @@
+"""``placement="measure"``: candidate regions are compiled and timed on each device that can take them.
+
+After the priority partition has formed each target's regions (its maximal supported regions,
+after its rules), :func:`refine` decides, for every such region, between
+
+* the whole region on its target,
+* the same nodes on the host (byoc's own kernels), and
+* a split at pattern boundaries: the region cut into at most :data:`MAX_SEGMENTS` contiguous
+  sub-regions (never inside a composite pattern; a contiguous range of a convex region in
+  topological order is convex, so no cycle can form), each on the target or the host, chosen by
+  the placement dynamic programme (:func:`byoc.partition.placement.solve`) with transfers over
+  ``Target.bandwidth``.
+
+Every candidate is compiled (the target's ``byoc_codegen``/``byoc_runtime`` hooks; the host's
+kernels) and run on random inputs of its input shapes and dtypes (floats normal, integers 0, so
+index inputs are always in range; every array checked against the Budget first): one warm-up
+run, then :data:`REPEATS` timed runs, the median counts. Times are cached on disk
+(``$BYOC_CACHE_DIR/placement-measure.json``, default ``~/.cache/byoc``; plain JSON, read and
+written only in the user's own cache folder) under a key of the candidate's content hash (nodes,
+attributes, patterns, input types, and a SHA-256 of every weight), the device's name, plugin
+version and options, and :func:`byoc.partition.placement.machine_fingerprint`: a second compile
+of the same model measures nothing.
+
+Measuring stops when ``measure_budget_s`` seconds of wall time are spent: the rest of the
+candidates are priced by byoc's estimates (:mod:`byoc.partition.costs`), and the report says
+which times were measured, read from the cache or estimated. The choice is deterministic given
+the times (ties go to the target, then the host, then the split).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from byoc.budget import Budget
+from byoc.codegen import codegen_region
+from byoc.contract.helpers import host_callable
+from byoc.contract.types import Region, SupportContext, Target
+from byoc.partition.partitioner import Partitioner, _Faults, outline
+from byoc.partition.placement import HOST, Problem, machine_fingerprint, solve
+
+#: default wall-clock seconds one compile may spend measuring
+MEASURE_BUDGET_S = 60.0
+#: a region is split into at most this many sub-regions (at pattern boundaries)
+MAX_SEGMENTS = 6
+#: timed runs per candidate (after one warm-up run); the median counts
+REPEATS = 3
+_CACHE_FILE = "placement-measure.json"
+_KEY_VERSION = "measure-1"
+#: what this process did, for tests and benchmarks: candidates timed, and read from the cache
+STATS = {"measured": 0, "cached": 0}
+
+
+@dataclass
+class Timing:
+    """One candidate's time on one device: ``source`` is measured, cached or estimated."""
+
+    seconds: float
+    source: str
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"seconds": self.seconds, "source": self.source}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def _cache_path() -> Path:
+    root = os.environ.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
+    return Path(root) / _CACHE_FILE
+
+
+def _read_table(path: Path) -> dict[str, float]:
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(table, dict):
+        return {}
+    return {k: float(v) for k, v in table.items() if isinstance(k, str) and isinstance(v, (int, float))
+            and not isinstance(v, bool) and 0 < v < math.inf}
+
+
+@dataclass
+class Session:
+    """One compile's measuring: the wall-clock budget, the disk cache, the decisions for the report."""
+
+    budget_s: float = MEASURE_BUDGET_S
+    budget: Budget | None = None
+    registry: Any = None
+    hook_timeout: float | None = None
+    started: float = field(default_factory=time.perf_counter)
+    counts: dict[str, int] = field(default_factory=lambda: {"measured": 0, "cached": 0, "estimated": 0, "failed": 0})
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    budget_spent: bool = False
+    _table: dict[str, float] | None = None
+    _new: dict[str, float] = field(default_factory=dict)
+    _weights: dict[int, str] = field(default_factory=dict)
+
+    def remaining(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.started)
+
+    def cached(self, key: str) -> float | None:
+        if self._table is None:
+            self._table = _read_table(_cache_path())
+        return self._new.get(key, self._table.get(key))
+
+    def store(self, key: str, seconds: float) -> None:
+        self._new[key] = seconds
+
+    def save(self) -> None:
+        """Merge this compile's new times into the cache file (atomic replace; best effort)."""
+        if not self._new:
+            return
+        path = _cache_path()
+        table = _read_table(path)
+        table.update(self._new)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=0, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache folder: measured again next time
+        self._new.clear()
+        self._table = None
+
+    def summary(self) -> dict[str, Any]:
+        return {"budget_s": self.budget_s, "spent_s": round(time.perf_counter() - self.started, 3),
+                "budget_exhausted": self.budget_spent, **self.counts}
+
+    def weight_hash(self, value: ir.Value) -> str:
+        key = id(value.const_value)
+        if key not in self._weights:
+            self._weights[key] = hashlib.sha256(np.ascontiguousarray(value.const_value.numpy()).tobytes()).hexdigest()
+        return self._weights[key]
+
+
+class _QuietFaults(_Faults):
+    """Plugin faults while measuring: they make a candidate unmeasurable, not a compile warning."""
+
+    def __init__(self) -> None:
+        super().__init__(strict=False)
+
+    def add(self, plugin: str, hook: str, message: str):  # type: ignore[override]
+        self.items.append(f"{plugin}.{hook}: {message}")
+        return None
+
+
+def region_hash(region: Region, session: Session) -> str:
+    """Content hash of an outlined candidate: its nodes (op, attributes, wiring), patterns, input
+    types and shapes, and the SHA-256 of every bound constant."""
+    h = hashlib.sha256()
+    for node in region.nodes:
+        h.update(ir.serde.serialize_node(node).SerializeToString(deterministic=True))
+        h.update(str(region.patterns.get(node.name, "")).encode())
+    for v in region.inputs:
+        h.update(f"in {v.name} {v.dtype} {v.shape}".encode())
+    for v in region.model.graph.initializers.values() if region.model is not None else ():
+        h.update(f"w {v.name} {v.const_value.dtype} {v.const_value.shape} ".encode())
+        h.update(session.weight_hash(v).encode())
+    return h.hexdigest()
+
+
+def cache_key(content: str, device: str, version: str, options: Mapping[str, Any]) -> str:
+    env = {k: os.environ.get(k, "") for k in ("BYOC_OWN_GEMM", "BYOC_NUM_THREADS")}
+    text = json.dumps([_KEY_VERSION, content, device, version, dict(options), env, machine_fingerprint()],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def random_inputs(values: Sequence[ir.Value], budget: Budget | None, seed: int = 0) -> list[np.ndarray]:
+    """Random arrays for a candidate's inputs; ``ValueError`` names an input without a static shape."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for v in values:
+        if v.shape is None or not all(isinstance(d, int) and d >= 0 for d in v.shape) or v.dtype is None:
+            raise ValueError(f"input {v.name!r} has no static shape and type")
+        dims = tuple(int(d) for d in v.shape)
+        dtype = np.dtype(v.dtype.numpy())
+        if budget is not None:
+            budget.check_alloc(dims, dtype, f"placement measurement input {v.name!r}")
+        if dtype.kind == "f":
+            out.append(rng.standard_normal(dims).astype(dtype))
+        elif dtype == np.bool_:
+            out.append(rng.random(dims) < 0.5)
+        else:  # integers (indices, shapes, counts) and the rest: 0 is valid wherever an index is
+            out.append(np.zeros(dims, dtype))
+    return out
+
+
+def _time(fn: Callable[..., Any], args: Sequence[np.ndarray]) -> float:
+    fn(*args)  # warm-up: JIT, caches, first allocations
+    runs = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        fn(*args)
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
+
+
+def time_candidate(session: Session, region: Region, device: str, target: Target | None,
+                   options: Mapping[str, Any], estimate: float) -> Timing:
+    """``region`` (outlined) on ``device`` (``"host"`` or its target): cached, measured or estimated."""
+    version = target.version if target is not None else _byoc_version()
+    key = cache_key(region_hash(region, session), device, str(version), options)
+    hit = session.cached(key)
+    if hit is not None:
+        session.counts["cached"] += 1
+        STATS["cached"] += 1
+        return Timing(hit, "cached")
+    if session.remaining() <= 0:
+        session.budget_spent = True
+        session.counts["estimated"] += 1
+        return Timing(estimate, "estimated", "measure budget spent")
+    try:
+        args = random_inputs(region.inputs, session.budget)
+        if device == HOST:
+            fn = host_callable(region.model, session.budget)
+        else:
+            faults = _QuietFaults()
+            cr = codegen_region(session.registry, region, options, faults, hook_timeout=session.hook_timeout)
+            if cr is None:
+                raise RuntimeError("; ".join(faults.items) or "no code generated")
+            fn = cr.fn
+        seconds = _time(fn, args)
+    except Exception as exc:  # a candidate that cannot run here is priced by the estimate
+        session.counts["failed"] += 1
+        return Timing(estimate, "estimated", f"could not be measured: {type(exc).__name__}: {exc}"[:300])
+    session.counts["measured"] += 1
+    STATS["measured"] += 1
+    session.store(key, seconds)
+    return Timing(seconds, "measured")
+
+
+def _byoc_version() -> str:
+    from byoc._version import __version__
+
+    return __version__
+
+
+def segments(members: Sequence[int], composite_of: Mapping[int, int], weight: Sequence[float],
+             max_segments: int = MAX_SEGMENTS) -> list[list[int]]:
+    """``members`` (sorted node indices of a region) cut into at most ``max_segments`` contiguous
+    runs of about equal ``weight``, never inside a composite pattern."""
+    n = len(members)
+    if n < 2 or max_segments < 2:
+        return [list(members)]
+    span: dict[int, tuple[int, int]] = {}
+    for pos, i in enumerate(members):
+        c = composite_of.get(i)
+        if c is not None:
+            lo, hi = span.get(c, (pos, pos))
+            span[c] = (min(lo, pos), max(hi, pos))
+    blocked = [False] * (n + 1)
+    for lo, hi in span.values():
+        for j in range(lo + 1, hi + 1):
+            blocked[j] = True  # a cut before position j would split this composite
+    total = sum(weight) or float(n)
+    w = list(weight) if sum(weight) else [1.0] * n
+    out, cur, acc = [], [], 0.0
+    for pos, i in enumerate(members):
+        if cur and not blocked[pos] and len(out) < max_segments - 1 and acc >= total * (len(out) + 1) / max_segments:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+        acc += w[pos]
+    out.append(cur)
+    return out
+
+
+__all__ = ["MAX_SEGMENTS", "MEASURE_BUDGET_S", "REPEATS", "STATS", "Session", "Timing", "cache_key",
+           "random_inputs", "refine", "region_hash", "segments", "time_candidate"]
+
+
+# -- the decision per region ----------------------------------------------------------------------
+
+@dataclass
+class _Candidate:
+    target: Target
+    members: list[int]
+    patterns: dict[int, str]
+    whole: dict[str, Timing] = field(default_factory=dict)
+    segs: list[list[int]] = field(default_factory=list)
+    seg_times: list[dict[str, Timing]] = field(default_factory=list)
+
+
+def _rule_verdict(p: Partitioner, target: Target, group: Sequence[int], patterns: Mapping[int, str]) -> str | None:
+    """``None`` when every rule of ``target`` keeps ``group`` whole, else why not (nothing recorded)."""
+    ctx = SupportContext(target.name, p.options.get(target.name, {}))
+    view = p._region_view(target.name, group, patterns)
+    for _, rule in p.registry.rules.get(target.name, []):
+        try:
+            verdict = rule.fn(view, ctx)
+        except Exception as exc:
+            return f"rule {rule.name!r} raised {type(exc).__name__}"
+        if verdict is not None and verdict is not True:
+            return f"rule {rule.name!r} does not keep it whole"
+    return None
+
+
+def _outlined(p: Partitioner, target: Target, group: Sequence[int], patterns: Mapping[int, str]) -> Region:
+    nodes = [p.nodes[i] for i in group]
+    region = Region(name=f"{target.name}_measure", target=target.name, nodes=nodes,
+                    patterns={p.nodes[i].name: patterns[i] for i in group if i in patterns})
+    outline(region, p.model)
+    return region
+
+
+def _timings(p: Partitioner, session: Session, problem: Problem, cand: _Candidate,
+             group: Sequence[int]) -> dict[str, Timing]:
+    """``group`` timed on the candidate's target (unless a rule refuses it) and on the host."""
+    t = cand.target
+    d = problem.devices.index(t.name)
+    est_t = sum(problem.cost[i][d] for i in group) + float(t.launch_overhead)
+    est_h = sum(problem.cost[i][0] for i in group)
+    region = _outlined(p, t, group, cand.patterns)
+    out = {}
+    refused = None if list(group) == cand.members else _rule_verdict(p, t, group, cand.patterns)
+    if refused is None:
+        out[t.name] = time_candidate(session, region, t.name, t, p.options.get(t.name, {}), est_t)
+    else:
+        out[t.name] = Timing(math.inf, "refused", refused)
+    out[HOST] = time_candidate(session, region, HOST, None, {}, est_h)
+    return out
+
+
+def _io_bytes(p: Partitioner, group: Sequence[int]) -> tuple[float, float]:
+    from byoc.partition.costs import value_bytes
+    from byoc.partition.partitioner import region_io
+
+    inputs, outputs, _ = region_io([p.nodes[i] for i in group])
+    return sum(value_bytes(v) for v in inputs), sum(value_bytes(v) for v in outputs)
+
+
+def _split_plan(p: Partitioner, problem: Problem, cand: _Candidate) -> tuple[list[int], float]:
+    """The best device per segment (0: host, 1: target) and its time, transfers included."""
+    seg_of = {i: k for k, seg in enumerate(cand.segs) for i in seg}
+    preds: list[set[int]] = [set() for _ in cand.segs]
+    edge: dict[tuple[int, int], float] = {}
+    in_b = [0.0] * len(cand.segs)
+    out_b = [0.0] * len(cand.segs)
+    for k, seg in enumerate(cand.segs):
+        for i in seg:
+            for q in p.preds[i]:
+                b = problem.edge_bytes.get((q, i), 0.0)
+                if q in seg_of and seg_of[q] != k:
+                    preds[k].add(seg_of[q])
+                    edge[(seg_of[q], k)] = edge.get((seg_of[q], k), 0.0) + b
+                elif q not in seg_of:
+                    in_b[k] += b
+            in_b[k] += problem.in_bytes[i]
+            out_b[k] += problem.out_bytes[i] + sum(b for (q, c), b in _out_edges(problem, i) if c not in seg_of)
+    t = cand.target
+    cost = [[times[HOST].seconds, times[t.name].seconds] for times in cand.seg_times]
+    sub = Problem([HOST, t.name], [sorted(s) for s in preds], cost, edge, in_b, out_b, [None, t.bandwidth], [0.0, 0.0])
+    return solve(sub)
+
+
+def _out_edges(problem: Problem, i: int) -> list[tuple[tuple[int, int], float]]:
+    succ = getattr(problem, "_succ", None)
+    if succ is None:
+        succ = {}
+        for (q, c), b in problem.edge_bytes.items():
+            succ.setdefault(q, []).append(((q, c), b))
+        problem._succ = succ  # type: ignore[attr-defined]
+    return succ.get(i, [])
+
+
+def _alt(plan: str, seconds: float, parts: Sequence[Timing]) -> dict[str, Any]:
+    sources = sorted({x.source for x in parts})
+    notes = sorted({x.note for x in parts if x.note})
+    out: dict[str, Any] = {"plan": plan, "seconds": seconds if seconds < math.inf else None,
+                           "source": "+".join(sources)}
+    if notes:
+        out["note"] = "; ".join(notes)
+    return out
+
+
+def _decide(p: Partitioner, problem: Problem, cand: _Candidate) -> tuple[str, list[tuple[int, list[int]]], dict]:
+    """``(chosen plan, [(device 0/1, members)], decision record)`` for one candidate region."""
+    t = cand.target
+    in_b, out_b = _io_bytes(p, cand.members)
+    move = (in_b + out_b) / t.bandwidth if t.bandwidth else 0.0
+    alts = [("whole", cand.whole[t.name].seconds + move, [cand.whole[t.name]], [(1, cand.members)]),
+            ("host", cand.whole[HOST].seconds, [cand.whole[HOST]], [(0, cand.members)])]
+    split_label = ""
+    if len(cand.segs) > 1:
+        assign, total = _split_plan(p, problem, cand)
+        if 0 < sum(assign) < len(assign):  # a real mix (all-one-device is the line above)
+            runs: list[tuple[int, list[int]]] = []
+            for d, seg in zip(assign, cand.segs):
+                if runs and runs[-1][0] == d:
+                    runs[-1][1].extend(seg)
+                else:
+                    runs.append((d, list(seg)))
+            split_label = "split: " + " | ".join(f"{len(seg)} on {t.name if d else HOST}" for d, seg in runs)
+            alts.append(("split", total, [x for ts in cand.seg_times for x in ts.values()], runs))
+    labels = {"whole": f"all on {t.name}", "host": f"all on {HOST}", "split": split_label}
+    best = min(range(len(alts)), key=lambda k: (alts[k][1], k))
+    plan, seconds, _, groups = alts[best]
+    others = [a for k, a in enumerate(alts) if k != best]
+    runner = min(others, key=lambda a: a[1]) if others else None
+    why = f"{labels[plan]} is fastest"
+    if runner is not None and runner[1] < math.inf:
+        gain = runner[1] - seconds
+        why += f": {gain * 1e3:.3f} ms less than {labels[runner[0]]}"
+        if len({x.source for x in alts[best][2]} | {x.source for x in runner[2]}) > 1:
+            why += " (compares measured with estimated times)"
+    record = {"target": t.name, "nodes": [p.nodes[i].name for i in cand.members], "chosen": labels[plan],
+              "alternatives": [_alt(labels[a[0]], a[1], a[2]) for a in alts], "why": why,
+              "segments": len(cand.segs)}
+    return plan, groups, record
+
+
+def refine(p: Partitioner, session: Session) -> None:
+    """Re-decide every region the priority partition formed (see the module doc); nodes given
+    back to the host are freed, the kept runs become the regions."""
+    if not p.placed:
+        return
+    problem = p.cost_problem()
+    by_name = {t.name: t for t in p.targets}
+    cands = [_Candidate(by_name[name], list(members), dict(patterns)) for name, members, patterns in p.placed]
+    for cand in cands:  # the whole regions first: they matter most when the budget runs out
+        cand.whole = _timings(p, session, problem, cand, cand.members)
+    for cand in cands:
+        d = problem.devices.index(cand.target.name)
+        cand.segs = segments(cand.members, p.composite_of, [problem.cost[i][d] for i in cand.members])
+        if len(cand.segs) > 1:
+            cand.seg_times = [_timings(p, session, problem, cand, seg) for seg in cand.segs]
+    placed: list[tuple[str, list[int], dict[int, str]]] = []
+    for cand in cands:
+        _, groups, record = _decide(p, problem, cand)
+        session.decisions.append(record)
+        for d, members in groups:
+            if not d:
+                continue
+            parts = [members]
+            if members != cand.members and _rule_verdict(p, cand.target, members, cand.patterns) is not None:
+                parts = [seg for seg in cand.segs if seg[0] in members]  # each of these passed the rules
+            for part in parts:
+                placed.append((cand.target.name, sorted(part), {i: cand.patterns[i] for i in part
+                                                                if i in cand.patterns}))
+    p.placed = placed
+    p.region_of = [-1] * len(p.nodes)
+    for rid, (_, members, _) in enumerate(placed):
+        for i in members:
+            p.region_of[i] = rid
