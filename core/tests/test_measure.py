@@ -135,12 +135,13 @@ def test_second_compile_measures_nothing_and_places_the_same(cache_dir):
     assert measured >= 4  # whole region on both devices and the segments
     assert first.options["placement_estimates"]["measure"]["measured"] == measured
     table = json.loads((cache_dir / "placement-measure.json").read_text())  # plain JSON
-    assert len(table) == measured and all(isinstance(v, float) for v in table.values())
+    # the whole region is timed twice (again next to the split): its second times are kept
+    assert 4 <= len(table) <= measured and all(isinstance(v, float) for v in table.values())
     mid = dict(measure.STATS)
     second = compile_measured(chain(), reg)
     assert measure.STATS["measured"] == mid["measured"]
     summary = second.options["placement_estimates"]["measure"]
-    assert summary["measured"] == 0 and summary["cached"] == measured
+    assert summary["measured"] == 0 and summary["cached"] == len(table)
     assert {n: r.device for n, r in first.records.items()} == {n: r.device for n, r in second.records.items()}
     assert [r.region.name for r in first.regions] == [r.region.name for r in second.regions]
 

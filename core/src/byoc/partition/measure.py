@@ -24,7 +24,9 @@ of the same model measures nothing.
 Measuring stops when ``measure_budget_s`` seconds of wall time are spent: the rest of the
 candidates are priced by byoc's estimates (:mod:`byoc.partition.costs`), and the report says
 which times were measured, read from the cache or estimated. The choice is deterministic given
-the times (ties go to the target, then the host, then the split).
+the times: the fastest plan wins unless a simpler one (the whole region on its target, then all
+on the host, then a split) is within :data:`MARGIN` (5%) of it, which is then kept (times that
+close are noise on a loaded machine; a split adds device switches that no sub-region shows).
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ from byoc.partition.placement import HOST, Problem, machine_fingerprint, solve
 MEASURE_BUDGET_S = 60.0
 #: a region is split into at most this many sub-regions (at pattern boundaries)
 MAX_SEGMENTS = 6
+#: a plan other than the simplest (whole region on its target, then all on the host, then a
+#: split) must be faster by more than this fraction: closer times are measurement noise
+MARGIN = 0.05
 #: timed runs per candidate (after one warm-up run); the median counts
 REPEATS = 3
 _CACHE_FILE = "placement-measure.json"
@@ -107,6 +112,8 @@ class Session:
     _table: dict[str, float] | None = None
     _new: dict[str, float] = field(default_factory=dict)
     _weights: dict[int, str] = field(default_factory=dict)
+    #: runners of whole regions, kept while a compile decides (dropped by :func:`refine`)
+    runners: dict[str, Callable[[], Any]] = field(default_factory=dict)
 
     def remaining(self) -> float:
         return self.budget_s - (time.perf_counter() - self.started)
@@ -200,48 +207,111 @@ def random_inputs(values: Sequence[ir.Value], budget: Budget | None, seed: int =
     return out
 
 
-def _time(fn: Callable[..., Any], args: Sequence[np.ndarray]) -> float:
-    fn(*args)  # warm-up: JIT, caches, first allocations
-    runs = []
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        fn(*args)
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
+@dataclass
+class _Job:
+    """One thing to time: its cache key, the estimate used when it cannot be timed, and how to
+    build a zero-argument runner for it."""
+
+    key: str
+    estimate: float
+    build: Callable[[], Callable[[], Any]]
+    #: keep the runner for this compile (a whole region: timed again next to its split)
+    keep: bool = False
 
 
-def time_candidate(session: Session, region: Region, device: str, target: Target | None,
-                   options: Mapping[str, Any], estimate: float) -> Timing:
-    """``region`` (outlined) on ``device`` (``"host"`` or its target): cached, measured or estimated."""
+def _compiled(session: Session, region: Region, device: str, options: Mapping[str, Any]) -> Callable[..., Any]:
+    if device == HOST:
+        return host_callable(region.model, session.budget)
+    faults = _QuietFaults()
+    cr = codegen_region(session.registry, region, options, faults, hook_timeout=session.hook_timeout)
+    if cr is None:
+        raise RuntimeError("; ".join(faults.items) or "no code generated")
+    return cr.fn
+
+
+def _runner(session: Session, parts: Sequence[tuple[Region, str, Mapping[str, Any]]]) -> Callable[[], None]:
+    """Run outlined regions in order (a topological order), each on its device, passing values by
+    name; what comes from outside gets random inputs."""
+    steps, feeds, produced = [], {}, set()
+    for region, device, options in parts:
+        fn = _compiled(session, region, device, options)
+        missing = [v for v in region.inputs if v.name not in produced and v.name not in feeds]
+        feeds.update(zip([v.name for v in missing], random_inputs(missing, session.budget)))
+        steps.append((fn, [v.name for v in region.inputs], [v.name for v in region.outputs]))
+        produced.update(v.name for v in region.outputs)
+
+    def run() -> None:
+        env = dict(feeds)
+        for fn, ins, outs in steps:
+            env.update(zip(outs, fn(*[env[n] for n in ins])))
+
+    return run
+
+
+def time_jobs(session: Session, jobs: Sequence[_Job], use_cache: bool = True, repeats: int = REPEATS) -> list[Timing]:
+    """Each job's time: from the cache, else built, warmed up once and timed in :data:`REPEATS`
+    interleaved rounds (the jobs compared take turns, so a load change hits them alike), median;
+    estimated when the budget is spent or the job cannot run."""
+    out: list[Timing | None] = [None] * len(jobs)
+    runners: dict[int, Callable[[], Any]] = {}
+    for k, job in enumerate(jobs):
+        hit = session.cached(job.key) if use_cache else None
+        if hit is not None:
+            session.counts["cached"] += 1
+            STATS["cached"] += 1
+            out[k] = Timing(hit, "cached")
+        elif session.remaining() <= 0:
+            session.budget_spent = True
+            session.counts["estimated"] += 1
+            out[k] = Timing(job.estimate, "estimated", "measure budget spent")
+        else:
+            try:
+                runner = session.runners.get(job.key) or job.build()
+                runner()  # warm-up: JIT, caches, first allocations
+                runners[k] = runner
+            except Exception as exc:  # a candidate that cannot run here is priced by the estimate
+                out[k] = _failed(session, job, exc)
+    samples: dict[int, list[float]] = {k: [] for k in runners}
+    for _ in range(repeats):
+        for k in list(runners):
+            t0 = time.perf_counter()
+            try:
+                runners[k]()
+            except Exception as exc:
+                out[k] = _failed(session, jobs[k], exc)
+                del runners[k]
+                continue
+            samples[k].append(time.perf_counter() - t0)
+    for k in runners:
+        seconds = statistics.median(samples[k])
+        session.counts["measured"] += 1
+        STATS["measured"] += 1
+        session.store(jobs[k].key, seconds)
+        if jobs[k].keep:
+            session.runners[jobs[k].key] = runners[k]
+        out[k] = Timing(seconds, "measured")
+    return out  # type: ignore[return-value]  (every job has its timing by now)
+
+
+def _failed(session: Session, job: _Job, exc: Exception) -> Timing:
+    session.counts["failed"] += 1
+    return Timing(job.estimate, "estimated", f"could not be measured: {type(exc).__name__}: {exc}"[:300])
+
+
+def region_job(session: Session, region: Region, device: str, target: Target | None,
+               options: Mapping[str, Any], estimate: float) -> _Job:
+    """``region`` (outlined) on ``device`` (``"host"`` or its target)."""
     version = target.version if target is not None else _byoc_version()
     key = cache_key(region_hash(region, session), device, str(version), options)
-    hit = session.cached(key)
-    if hit is not None:
-        session.counts["cached"] += 1
-        STATS["cached"] += 1
-        return Timing(hit, "cached")
-    if session.remaining() <= 0:
-        session.budget_spent = True
-        session.counts["estimated"] += 1
-        return Timing(estimate, "estimated", "measure budget spent")
-    try:
-        args = random_inputs(region.inputs, session.budget)
-        if device == HOST:
-            fn = host_callable(region.model, session.budget)
-        else:
-            faults = _QuietFaults()
-            cr = codegen_region(session.registry, region, options, faults, hook_timeout=session.hook_timeout)
-            if cr is None:
-                raise RuntimeError("; ".join(faults.items) or "no code generated")
-            fn = cr.fn
-        seconds = _time(fn, args)
-    except Exception as exc:  # a candidate that cannot run here is priced by the estimate
-        session.counts["failed"] += 1
-        return Timing(estimate, "estimated", f"could not be measured: {type(exc).__name__}: {exc}"[:300])
-    session.counts["measured"] += 1
-    STATS["measured"] += 1
-    session.store(key, seconds)
-    return Timing(seconds, "measured")
+    return _Job(key, estimate, lambda: _runner(session, [(region, device, options)]))
+
+
+def plan_job(session: Session, parts: Sequence[tuple[Region, str]], target: Target,
+             options: Mapping[str, Any], estimate: float) -> _Job:
+    """Several outlined regions run one after the other, each on its device (a split, end to end)."""
+    content = hashlib.sha256("|".join(f"{d}:{region_hash(r, session)}" for r, d in parts).encode()).hexdigest()
+    key = cache_key(content, f"plan:{target.name}", f"{target.version}|{_byoc_version()}", options)
+    return _Job(key, estimate, lambda: _runner(session, [(r, d, options if d != HOST else {}) for r, d in parts]))
 
 
 def _byoc_version() -> str:
@@ -280,8 +350,8 @@ def segments(members: Sequence[int], composite_of: Mapping[int, int], weight: Se
     return out
 
 
-__all__ = ["MAX_SEGMENTS", "MEASURE_BUDGET_S", "REPEATS", "STATS", "Session", "Timing", "cache_key",
-           "random_inputs", "refine", "region_hash", "segments", "time_candidate"]
+__all__ = ["MARGIN", "MAX_SEGMENTS", "MEASURE_BUDGET_S", "REPEATS", "STATS", "Session", "Timing", "cache_key",
+           "plan_job", "random_inputs", "refine", "region_hash", "region_job", "segments", "time_jobs"]
 
 
 # -- the decision per region ----------------------------------------------------------------------
@@ -294,6 +364,10 @@ class _Candidate:
     whole: dict[str, Timing] = field(default_factory=dict)
     segs: list[list[int]] = field(default_factory=list)
     seg_times: list[dict[str, Timing]] = field(default_factory=list)
+    #: the jobs timing the whole region on the target and the host
+    whole_jobs: list[_Job] = field(default_factory=list)
+    #: the best split: runs of (0 host / 1 target, members), its time, and what it was made of
+    split: tuple[list[tuple[int, list[int]]], Timing, list[Timing]] | None = None
 
 
 def _rule_verdict(p: Partitioner, target: Target, group: Sequence[int], patterns: Mapping[int, str]) -> str | None:
@@ -318,21 +392,40 @@ def _outlined(p: Partitioner, target: Target, group: Sequence[int], patterns: Ma
     return region
 
 
-def _timings(p: Partitioner, session: Session, problem: Problem, cand: _Candidate,
-             group: Sequence[int]) -> dict[str, Timing]:
-    """``group`` timed on the candidate's target (unless a rule refuses it) and on the host."""
+def _group_jobs(p: Partitioner, session: Session, problem: Problem, cand: _Candidate,
+                group: Sequence[int]) -> tuple[list[_Job], dict[str, Timing]]:
+    """Jobs timing ``group`` on the candidate's target (unless a rule refuses it) and on the host."""
     t = cand.target
     d = problem.devices.index(t.name)
     est_t = sum(problem.cost[i][d] for i in group) + float(t.launch_overhead)
     est_h = sum(problem.cost[i][0] for i in group)
     region = _outlined(p, t, group, cand.patterns)
-    out = {}
     refused = None if list(group) == cand.members else _rule_verdict(p, t, group, cand.patterns)
-    if refused is None:
-        out[t.name] = time_candidate(session, region, t.name, t, p.options.get(t.name, {}), est_t)
-    else:
-        out[t.name] = Timing(math.inf, "refused", refused)
-    out[HOST] = time_candidate(session, region, HOST, None, {}, est_h)
+    whole = list(group) == cand.members
+    jobs = [region_job(session, region, HOST, None, {}, est_h)]
+    if refused is not None:
+        return jobs, {t.name: Timing(math.inf, "refused", refused)}
+    jobs.insert(0, region_job(session, region, t.name, t, p.options.get(t.name, {}), est_t))
+    for job in jobs:
+        job.keep = whole
+    return jobs, {}
+
+
+def _time_groups(p: Partitioner, session: Session, problem: Problem, cand: _Candidate,
+                 groups: Sequence[Sequence[int]]) -> list[dict[str, Timing]]:
+    """Every group on the target and the host, all timed in one interleaved batch."""
+    t = cand.target
+    batches = [_group_jobs(p, session, problem, cand, g) for g in groups]
+    if len(groups) == 1 and groups[0] == cand.members:
+        cand.whole_jobs = batches[0][0]
+    timings = iter(time_jobs(session, [j for jobs, _ in batches for j in jobs]))
+    out = []
+    for _, fixed in batches:
+        times = dict(fixed)
+        if t.name not in times:
+            times[t.name] = next(timings)
+        times[HOST] = next(timings)
+        out.append(times)
     return out
 
 
@@ -379,7 +472,7 @@ def _out_edges(problem: Problem, i: int) -> list[tuple[tuple[int, int], float]]:
 
 
 def _alt(plan: str, seconds: float, parts: Sequence[Timing]) -> dict[str, Any]:
-    sources = sorted({x.source for x in parts})
+    sources = sorted({x.source for x in parts} - ({"refused"} if len(parts) > 1 else set()))
     notes = sorted({x.note for x in parts if x.note})
     out: dict[str, Any] = {"plan": plan, "seconds": seconds if seconds < math.inf else None,
                            "source": "+".join(sources)}
@@ -396,32 +489,67 @@ def _decide(p: Partitioner, problem: Problem, cand: _Candidate) -> tuple[str, li
     alts = [("whole", cand.whole[t.name].seconds + move, [cand.whole[t.name]], [(1, cand.members)]),
             ("host", cand.whole[HOST].seconds, [cand.whole[HOST]], [(0, cand.members)])]
     split_label = ""
-    if len(cand.segs) > 1:
-        assign, total = _split_plan(p, problem, cand)
-        if 0 < sum(assign) < len(assign):  # a real mix (all-one-device is the line above)
-            runs: list[tuple[int, list[int]]] = []
-            for d, seg in zip(assign, cand.segs):
-                if runs and runs[-1][0] == d:
-                    runs[-1][1].extend(seg)
-                else:
-                    runs.append((d, list(seg)))
-            split_label = "split: " + " | ".join(f"{len(seg)} on {t.name if d else HOST}" for d, seg in runs)
-            alts.append(("split", total, [x for ts in cand.seg_times for x in ts.values()], runs))
+    if cand.split is not None:
+        runs, timing, _ = cand.split
+        split_label = f"split in {len(cand.segs)}, best mix: " + " | ".join(
+            f"{len(seg)} nodes on {t.name if d else HOST}" for d, seg in runs)
+        alts.append(("split", timing.seconds, [timing], runs))
     labels = {"whole": f"all on {t.name}", "host": f"all on {HOST}", "split": split_label}
-    best = min(range(len(alts)), key=lambda k: (alts[k][1], k))
+    fastest = min(range(len(alts)), key=lambda k: (alts[k][1], k))
+    # within MARGIN of the fastest, times are noise: the simplest plan (listed first) is kept
+    best = min(k for k, a in enumerate(alts) if a[1] <= alts[fastest][1] * (1 + MARGIN))
     plan, seconds, _, groups = alts[best]
     others = [a for k, a in enumerate(alts) if k != best]
     runner = min(others, key=lambda a: a[1]) if others else None
-    why = f"{labels[plan]} is fastest"
-    if runner is not None and runner[1] < math.inf:
+    if best != fastest:
+        why = (f"{labels[plan]} is kept: within {MARGIN:.0%} of the fastest, {labels[alts[fastest][0]]} "
+               f"({(seconds - alts[fastest][1]) * 1e3:.3f} ms more), too close to call and simpler")
+    else:
+        why = f"{labels[plan]} is fastest"
+    if best == fastest and runner is not None and runner[1] < math.inf:
         gain = runner[1] - seconds
-        why += f": {gain * 1e3:.3f} ms less than {labels[runner[0]]}"
+        why += f": {gain * 1e3:.3f} ms less than {labels[runner[0]]} (more than {MARGIN:.0%})"
         if len({x.source for x in alts[best][2]} | {x.source for x in runner[2]}) > 1:
             why += " (compares measured with estimated times)"
     record = {"target": t.name, "nodes": [p.nodes[i].name for i in cand.members], "chosen": labels[plan],
               "alternatives": [_alt(labels[a[0]], a[1], a[2]) for a in alts], "why": why,
               "segments": len(cand.segs)}
     return plan, groups, record
+
+
+def _best_split(p: Partitioner, session: Session, problem: Problem,
+                cand: _Candidate) -> tuple[list[tuple[int, list[int]]], Timing, list[Timing]]:
+    """The split the dynamic programme picks from the sub-regions' times; a real mix of devices is
+    then timed end to end (switching devices costs what no sub-region's time shows: another
+    thread pool waking up, caches, layout changes), else its time is the sum of its parts."""
+    assign, total = _split_plan(p, problem, cand)
+    runs: list[tuple[int, list[int]]] = []
+    for d, seg in zip(assign, cand.segs):
+        if runs and runs[-1][0] == d:
+            runs[-1][1].extend(seg)
+        else:
+            runs.append((d, list(seg)))
+    parts = [x for times in cand.seg_times for x in times.values()]
+    sources = {x.source for x in parts} - {"refused"}
+    notes = sorted({x.note for x in parts if x.note and x.source != "refused"})
+    summed = "sum of its sub-regions" + (f": {'; '.join(notes)}" if notes else "")
+    if len(runs) == 1:
+        return runs, Timing(total, "+".join(sorted(sources)), summed), parts
+    t = cand.target
+    regions = [(_outlined(p, t, seg, cand.patterns), t.name if d else HOST) for d, seg in runs]
+    job = plan_job(session, regions, t, p.options.get(t.name, {}), total)
+    if session.cached(job.key) is not None or session.remaining() <= 0 or len(cand.whole_jobs) != 2:
+        (timing,) = time_jobs(session, [job])
+    else:
+        # the split end to end, timed in turns with the whole region on either device: the three
+        # finalists under the same load (their new times replace the whole region's in the cache)
+        timing, on_target, on_host = time_jobs(session, [job] + cand.whole_jobs, use_cache=False,
+                                               repeats=2 * REPEATS - 1)
+        if on_target.source == "measured" and on_host.source == "measured":
+            cand.whole = {t.name: on_target, HOST: on_host}
+    if timing.source == "estimated":
+        timing = Timing(total, "+".join(sorted(sources)), f"{summed}; end to end: {timing.note}")
+    return runs, timing, parts
 
 
 def refine(p: Partitioner, session: Session) -> None:
@@ -433,12 +561,16 @@ def refine(p: Partitioner, session: Session) -> None:
     by_name = {t.name: t for t in p.targets}
     cands = [_Candidate(by_name[name], list(members), dict(patterns)) for name, members, patterns in p.placed]
     for cand in cands:  # the whole regions first: they matter most when the budget runs out
-        cand.whole = _timings(p, session, problem, cand, cand.members)
+        cand.whole = _time_groups(p, session, problem, cand, [cand.members])[0]
     for cand in cands:
         d = problem.devices.index(cand.target.name)
         cand.segs = segments(cand.members, p.composite_of, [problem.cost[i][d] for i in cand.members])
         if len(cand.segs) > 1:
-            cand.seg_times = [_timings(p, session, problem, cand, seg) for seg in cand.segs]
+            cand.seg_times = _time_groups(p, session, problem, cand, cand.segs)
+    for cand in cands:
+        if len(cand.segs) > 1:
+            cand.split = _best_split(p, session, problem, cand)
+    session.runners.clear()
     placed: list[tuple[str, list[int], dict[int, str]]] = []
     for cand in cands:
         _, groups, record = _decide(p, problem, cand)
