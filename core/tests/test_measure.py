@@ -163,6 +163,22 @@ def test_the_cache_key_changes_with_version_machine_and_weights(change, monkeypa
     assert measure.STATS["measured"] > before
 
 
+@pytest.mark.parametrize("host_s, expect", [(0.097, "sleepy"), (0.090, "host")])
+def test_a_plan_within_the_margin_yields_to_the_simpler_one(monkeypatch, host_s, expect):
+    times = {"sleepy": 0.1, "host": host_s}
+
+    def fixed(session, jobs, use_cache=True, repeats=measure.REPEATS):
+        return [measure.Timing(times[j.device], "measured") for j in jobs]
+
+    monkeypatch.setattr(measure, "time_jobs", fixed)
+    cm = compile_measured(chain(("Neg", "Neg")), registry())
+    assert {rec.device for rec in cm.records.values()} == {expect}
+    (d,) = cm.options["placement_estimates"]["decisions"]
+    # the best split puts both halves on the host: shown, but not a plan of its own
+    assert "every sub-region on one device, as all on host" in d["alternatives"][2]["plan"]
+    assert ("within 5%" in d["why"]) == (expect == "sleepy")
+
+
 def test_a_spent_budget_falls_back_to_estimates_and_says_so():
     cm = compile_measured(chain(), registry(), measure_budget_s=0)
     est = cm.options["placement_estimates"]

@@ -217,6 +217,8 @@ class _Job:
     build: Callable[[], Callable[[], Any]]
     #: keep the runner for this compile (a whole region: timed again next to its split)
     keep: bool = False
+    #: what runs it: ``"host"``, a target's name, or ``"plan:<target>"`` for a split end to end
+    device: str = ""
 
 
 def _compiled(session: Session, region: Region, device: str, options: Mapping[str, Any]) -> Callable[..., Any]:
@@ -303,7 +305,7 @@ def region_job(session: Session, region: Region, device: str, target: Target | N
     """``region`` (outlined) on ``device`` (``"host"`` or its target)."""
     version = target.version if target is not None else _byoc_version()
     key = cache_key(region_hash(region, session), device, str(version), options)
-    return _Job(key, estimate, lambda: _runner(session, [(region, device, options)]))
+    return _Job(key, estimate, lambda: _runner(session, [(region, device, options)]), device=device)
 
 
 def plan_job(session: Session, parts: Sequence[tuple[Region, str]], target: Target,
@@ -311,7 +313,8 @@ def plan_job(session: Session, parts: Sequence[tuple[Region, str]], target: Targ
     """Several outlined regions run one after the other, each on its device (a split, end to end)."""
     content = hashlib.sha256("|".join(f"{d}:{region_hash(r, session)}" for r, d in parts).encode()).hexdigest()
     key = cache_key(content, f"plan:{target.name}", f"{target.version}|{_byoc_version()}", options)
-    return _Job(key, estimate, lambda: _runner(session, [(r, d, options if d != HOST else {}) for r, d in parts]))
+    return _Job(key, estimate, lambda: _runner(session, [(r, d, options if d != HOST else {}) for r, d in parts]),
+                device=f"plan:{target.name}")
 
 
 def _byoc_version() -> str:
@@ -495,6 +498,12 @@ def _decide(p: Partitioner, problem: Problem, cand: _Candidate) -> tuple[str, li
             f"{len(seg)} nodes on {t.name if d else HOST}" for d, seg in runs)
         alts.append(("split", timing.seconds, [timing], runs))
     labels = {"whole": f"all on {t.name}", "host": f"all on {HOST}", "split": split_label}
+    if cand.split is not None and len(cand.split[0]) == 1:  # the best split uses one device: not a new plan
+        same = labels["whole" if cand.split[0][0][0] else "host"]
+        labels["split"] = f"split in {len(cand.segs)}: every sub-region on one device, as {same}"
+        shown, alts = alts, alts[:2]
+    else:
+        shown = alts
     fastest = min(range(len(alts)), key=lambda k: (alts[k][1], k))
     # within MARGIN of the fastest, times are noise: the simplest plan (listed first) is kept
     best = min(k for k, a in enumerate(alts) if a[1] <= alts[fastest][1] * (1 + MARGIN))
@@ -512,7 +521,7 @@ def _decide(p: Partitioner, problem: Problem, cand: _Candidate) -> tuple[str, li
         if len({x.source for x in alts[best][2]} | {x.source for x in runner[2]}) > 1:
             why += " (compares measured with estimated times)"
     record = {"target": t.name, "nodes": [p.nodes[i].name for i in cand.members], "chosen": labels[plan],
-              "alternatives": [_alt(labels[a[0]], a[1], a[2]) for a in alts], "why": why,
+              "alternatives": [_alt(labels[a[0]], a[1], a[2]) for a in shown], "why": why,
               "segments": len(cand.segs)}
     return plan, groups, record
 
