@@ -252,6 +252,28 @@ def test_cost_placement_beats_each_alone_and_priority_in_both_orders():
         assert best < end_to_end_cost(cm), label
 
 
+def test_nodes_a_rule_drops_under_cost_go_where_they_are_next_cheapest():
+    class Picky(Chip):
+        """The cheapest chip, whose rule keeps only regions with a Conv."""
+
+        @byoc.hookimpl
+        def byoc_register_rules(self, register):
+            register(byoc.Rule("needs_conv", lambda r, ctx: any(n.op_type == "Conv" for n in r.nodes) or "no Conv"))
+
+    m = conv_mm_model()
+    cheap = {op: 1e-12 for op in ("Conv", "Relu", "MatMul")}  # not Reshape: picky's regions are two
+    fair = {op: 1e-10 for op in ("Conv", "Relu", "MatMul", "Reshape")}
+    reg = registry(Picky("picky", cheap), Chip("fair", fair))
+    cm = byoc.compile(m, targets=["picky", "fair"], registry=reg, placement="cost")
+    where = {name: rec.device for name, rec in cm.records.items()}
+    # the MatMul half has no Conv: picky's rule drops it, and it goes to fair, not to the host
+    assert where["conv1"] == where["conv2"] == "picky"
+    assert where["mm1"] == where["mm2"] == where["relu3"] == "fair"
+    assert cm.records["mm1"].rule.startswith("picky:needs_conv")
+    x = {"x": np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    np.testing.assert_allclose(cm.run(x)["y"], byoc.compile(m, targets=[]).run(x)["y"], rtol=1e-5, atol=1e-5)
+
+
 def test_cost_placement_without_cost_hooks_uses_the_model_and_matches_host():
     class NoCost(Chip):
         byoc_cost = None

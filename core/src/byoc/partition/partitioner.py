@@ -11,6 +11,7 @@ falls back (``strict=True`` raises :class:`byoc.PluginError` instead).
 from __future__ import annotations
 
 import gc
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -387,12 +388,24 @@ class Partitioner:
                              one_node, lambda plugin, hook, msg: self.faults.add(plugin, hook, msg))
 
     def _place_by_cost(self) -> None:
-        """Choose every node's device over the whole graph (:mod:`byoc.partition.placement`)."""
-        problem = self.cost_problem()
-        assign, total = solve(problem)
-        self.problem = problem
-        self.assignment = [problem.devices[d] for d in assign]
-        self.estimated_cost = total
+        """Choose every node's device over the whole graph (:mod:`byoc.partition.placement`),
+        then form each target's regions over its nodes. A node a target's rules drop is barred
+        from that target and the graph is solved again, so it goes where it is next cheapest
+        (another target or the host), at most once per target."""
+        problem = self.problem = self.cost_problem()
+        for attempt in range(len(self.targets) + 1):
+            assign, total = solve(problem)
+            self.assignment = [problem.devices[d] for d in assign]
+            self.estimated_cost = total
+            self.placed, self.region_of = [], [-1] * len(self.nodes)
+            self.composite_of, self._n_composites = {}, 0
+            for target in self.targets:
+                self._partition_target(target)
+            dropped = [(i, d) for i, d in enumerate(assign) if d and self.region_of[i] < 0]
+            if not dropped or attempt == len(self.targets):
+                return
+            for i, d in dropped:
+                problem.cost[i][d] = math.inf
 
     def _partition_target(self, target: Target) -> None:
         opts = self.options.get(target.name, {})
@@ -445,8 +458,9 @@ class Partitioner:
     def _run(self) -> PartitionResult:
         if self.placement == "cost" and self.targets and self.nodes:
             self._place_by_cost()
-        for target in self.targets:
-            self._partition_target(target)
+        else:
+            for target in self.targets:
+                self._partition_target(target)
         if self.refine is not None and self.placed:
             self.refine(self)
         # defensive: the whole placement must contract to a DAG
