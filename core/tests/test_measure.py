@@ -266,3 +266,31 @@ def test_report_shows_alternatives_and_why_in_text_json_html(monkeypatch, tmp_pa
     jsonschema.validate(doc, schema)
     assert doc["placement"]["mode"] == "cost"
     assert all(dd["why"] and dd["alternatives"] for dd in doc["placement"]["decisions"])
+
+
+def test_html_report_renders_the_placement_table_in_a_browser(tmp_path):
+    import os
+    import re
+    import shutil
+    import subprocess
+
+    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "headless_shell")
+                if shutil.which(n)), None)
+    if exe is None:
+        pytest.skip("no chromium binary on PATH to check the HTML report")
+    cm = compile_measured(chain(), registry())
+    data = cm.report_data()
+    data["placement"]["decisions"][0]["why"] = "</script><script>window.byocReportError('injected')</script>"
+    from byoc.report import render
+
+    page = tmp_path / "r.html"
+    page.write_text(render(data, "html"), encoding="utf-8")
+    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
+           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()]
+    dom = subprocess.run(cmd, capture_output=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)},
+                         check=True).stdout.decode("utf-8", errors="replace")
+    errors = re.search(r'<pre id="byoc-errors"[^>]*>(.*?)</pre>', dom, re.S)
+    assert errors is not None and errors.group(1).strip() == ""
+    assert 'id="byoc-ok"' in dom
+    assert "Placement (measure)" in dom and "all on sleepy" in dom
+    assert "&lt;/script&gt;&lt;script&gt;" in dom  # the why is text, not markup
