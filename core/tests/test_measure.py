@@ -33,16 +33,16 @@ HOST = {"Neg": SLOW, "Relu": 0.0}
 class SleepyChip:
     """Runs regions on the host kernels, then sleeps ``costs[op]`` per node."""
 
-    def __init__(self, name="sleepy", version="1.0"):
-        self.name, self.version = name, version
+    def __init__(self, name="sleepy", version="1.0", costs=CHIP, priority=0):
+        self.name, self.version, self.costs, self.priority = name, version, costs, priority
 
     @byoc.hookimpl
     def byoc_register_targets(self, register):
-        register(byoc.Target(self.name, version=self.version, device="npu"))
+        register(byoc.Target(self.name, version=self.version, device="npu", priority=self.priority))
 
     @byoc.hookimpl
     def byoc_register_operators(self, register):
-        for op in CHIP:
+        for op in self.costs:
             register(op)
 
     @byoc.hookimpl
@@ -52,7 +52,7 @@ class SleepyChip:
 
     @byoc.hookimpl
     def byoc_runtime(self, artifact):
-        fn, pause = host_callable(artifact.data), sum(CHIP[o] for o in artifact.metadata["ops"])
+        fn, pause = host_callable(artifact.data), sum(self.costs[o] for o in artifact.metadata["ops"])
 
         def run(*args):
             time.sleep(pause)
@@ -61,11 +61,11 @@ class SleepyChip:
         return run
 
 
-def registry(chip=None):
-    chip = chip or SleepyChip()
+def registry(*chips):
+    chips = chips or (SleepyChip(),)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return build_registry([(chip.name, chip)], entry_points=False)
+        return build_registry([(c.name, c) for c in chips], entry_points=False)
 
 
 def sleepy_host(model, budget=None):
@@ -125,6 +125,19 @@ def test_measure_keeps_the_faster_device_for_a_whole_region(ops, device):
     cm = compile_measured(chain(ops), registry())
     assert {rec.device for rec in cm.records.values()} == {device}
     assert cm.run(FEEDS)["y"].shape == (2, 4)
+
+
+def test_a_region_goes_to_another_target_that_runs_all_of_it_faster():
+    slow = SleepyChip("slow", costs={"Neg": SLOW, "Relu": SLOW})
+    fast = SleepyChip("fast", costs={"Neg": 0.0, "Relu": 0.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = byoc.compile(chain(), ["slow", "fast"], registry=registry(slow, fast), placement="measure")
+    assert {rec.device for rec in cm.records.values()} == {"fast"}
+    (d,) = cm.options["placement_estimates"]["decisions"]
+    assert d["target"] == "slow" and d["chosen"] == "all on fast"
+    assert {a["plan"] for a in d["alternatives"]} >= {"all on slow", "all on host", "all on fast"}
+    np.testing.assert_array_equal(cm.run(FEEDS)["y"], byoc.compile(chain(), []).run(FEEDS)["y"])
 
 
 def test_second_compile_measures_nothing_and_places_the_same(cache_dir):

@@ -396,38 +396,48 @@ def _outlined(p: Partitioner, target: Target, group: Sequence[int], patterns: Ma
 
 
 def _group_jobs(p: Partitioner, session: Session, problem: Problem, cand: _Candidate,
-                group: Sequence[int]) -> tuple[list[_Job], dict[str, Timing]]:
-    """Jobs timing ``group`` on the candidate's target (unless a rule refuses it) and on the host."""
+                group: Sequence[int]) -> tuple[list[_Job], list[str], dict[str, Timing]]:
+    """Jobs timing ``group`` on the candidate's target (unless a rule refuses it), on the host and,
+    for the whole region, on every other target that supports all of it and whose rules keep it;
+    with the device of each job, and the devices already decided (refused)."""
     t = cand.target
-    d = problem.devices.index(t.name)
-    est_t = sum(problem.cost[i][d] for i in group) + float(t.launch_overhead)
-    est_h = sum(problem.cost[i][0] for i in group)
-    region = _outlined(p, t, group, cand.patterns)
-    refused = None if list(group) == cand.members else _rule_verdict(p, t, group, cand.patterns)
     whole = list(group) == cand.members
-    jobs = [region_job(session, region, HOST, None, {}, est_h)]
-    if refused is not None:
-        return jobs, {t.name: Timing(math.inf, "refused", refused)}
-    jobs.insert(0, region_job(session, region, t.name, t, p.options.get(t.name, {}), est_t))
+    region = _outlined(p, t, group, cand.patterns)
+    refused = None if whole else _rule_verdict(p, t, group, cand.patterns)
+    jobs = [region_job(session, region, HOST, None, {}, sum(problem.cost[i][0] for i in group))]
+    names = [HOST]
+    fixed = {} if refused is None else {t.name: Timing(math.inf, "refused", refused)}
+    if refused is None:
+        d = problem.devices.index(t.name)
+        est = sum(problem.cost[i][d] for i in group) + float(t.launch_overhead)
+        jobs.insert(0, region_job(session, region, t.name, t, p.options.get(t.name, {}), est))
+        names.insert(0, t.name)
+    for other in (p.targets if whole else ()):
+        if other.name == t.name:
+            continue
+        d = problem.devices.index(other.name)
+        if any(problem.cost[i][d] == math.inf for i in group) or _rule_verdict(p, other, group, {}) is not None:
+            continue
+        est = sum(problem.cost[i][d] for i in group) + float(other.launch_overhead)
+        jobs.append(region_job(session, _outlined(p, other, group, {}), other.name, other,
+                               p.options.get(other.name, {}), est))
+        names.append(other.name)
     for job in jobs:
         job.keep = whole
-    return jobs, {}
+    return jobs, names, fixed
 
 
 def _time_groups(p: Partitioner, session: Session, problem: Problem, cand: _Candidate,
                  groups: Sequence[Sequence[int]]) -> list[dict[str, Timing]]:
-    """Every group on the target and the host, all timed in one interleaved batch."""
-    t = cand.target
+    """Every group on its devices, all timed in one interleaved batch."""
     batches = [_group_jobs(p, session, problem, cand, g) for g in groups]
-    if len(groups) == 1 and groups[0] == cand.members:
-        cand.whole_jobs = batches[0][0]
-    timings = iter(time_jobs(session, [j for jobs, _ in batches for j in jobs]))
+    if len(groups) == 1 and groups[0] == cand.members and len(batches[0][0]) >= 2:
+        cand.whole_jobs = batches[0][0][:2]  # on the target and on the host
+    timings = iter(time_jobs(session, [j for jobs, _, _ in batches for j in jobs]))
     out = []
-    for _, fixed in batches:
+    for _, names, fixed in batches:
         times = dict(fixed)
-        if t.name not in times:
-            times[t.name] = next(timings)
-        times[HOST] = next(timings)
+        times.update((name, next(timings)) for name in names)
         out.append(times)
     return out
 
@@ -484,26 +494,32 @@ def _alt(plan: str, seconds: float, parts: Sequence[Timing]) -> dict[str, Any]:
     return out
 
 
-def _decide(p: Partitioner, problem: Problem, cand: _Candidate) -> tuple[str, list[tuple[int, list[int]]], dict]:
-    """``(chosen plan, [(device 0/1, members)], decision record)`` for one candidate region."""
+def _decide(p: Partitioner, problem: Problem, cand: _Candidate) -> tuple[str, list[tuple[str, list[int]]], dict]:
+    """``(chosen plan, [(device, members)], decision record)`` for one candidate region."""
     t = cand.target
     in_b, out_b = _io_bytes(p, cand.members)
     move = (in_b + out_b) / t.bandwidth if t.bandwidth else 0.0
-    alts = [("whole", cand.whole[t.name].seconds + move, [cand.whole[t.name]], [(1, cand.members)]),
-            ("host", cand.whole[HOST].seconds, [cand.whole[HOST]], [(0, cand.members)])]
-    split_label = ""
+    alts = [("whole", cand.whole[t.name].seconds + move, [cand.whole[t.name]], [(t.name, cand.members)]),
+            ("host", cand.whole[HOST].seconds, [cand.whole[HOST]], [(HOST, cand.members)])]
+    labels = {"whole": f"all on {t.name}", "host": f"all on {HOST}"}
+    for other in p.targets:  # another target that can take the whole region
+        if other.name != t.name and other.name in cand.whole:
+            move2 = (in_b + out_b) / other.bandwidth if other.bandwidth else 0.0
+            alts.append((f"other:{other.name}", cand.whole[other.name].seconds + move2, [cand.whole[other.name]],
+                         [(other.name, cand.members)]))
+            labels[f"other:{other.name}"] = f"all on {other.name}"
+    shown = list(alts)
     if cand.split is not None:
         runs, timing, _ = cand.split
-        split_label = f"split in {len(cand.segs)}, best mix: " + " | ".join(
-            f"{len(seg)} nodes on {t.name if d else HOST}" for d, seg in runs)
-        alts.append(("split", timing.seconds, [timing], runs))
-    labels = {"whole": f"all on {t.name}", "host": f"all on {HOST}", "split": split_label}
-    if cand.split is not None and len(cand.split[0]) == 1:  # the best split uses one device: not a new plan
-        same = labels["whole" if cand.split[0][0][0] else "host"]
-        labels["split"] = f"split in {len(cand.segs)}: every sub-region on one device, as {same}"
-        shown, alts = alts, alts[:2]
-    else:
-        shown = alts
+        named = [(t.name if d else HOST, seg) for d, seg in runs]
+        if len(runs) == 1:  # the best split uses one device: shown, but not a plan of its own
+            labels["split"] = (f"split in {len(cand.segs)}: every sub-region on one device, "
+                               f"as all on {named[0][0]}")
+        else:
+            labels["split"] = f"split in {len(cand.segs)}, best mix: " + " | ".join(
+                f"{len(seg)} nodes on {dev}" for dev, seg in named)
+            alts.append(("split", timing.seconds, [timing], named))
+        shown.append(("split", timing.seconds, [timing], named))
     fastest = min(range(len(alts)), key=lambda k: (alts[k][1], k))
     # within MARGIN of the fastest, times are noise: the simplest plan (listed first) is kept
     best = min(k for k, a in enumerate(alts) if a[1] <= alts[fastest][1] * (1 + MARGIN))
@@ -555,7 +571,7 @@ def _best_split(p: Partitioner, session: Session, problem: Problem,
         timing, on_target, on_host = time_jobs(session, [job] + cand.whole_jobs, use_cache=False,
                                                repeats=2 * REPEATS - 1)
         if on_target.source == "measured" and on_host.source == "measured":
-            cand.whole = {t.name: on_target, HOST: on_host}
+            cand.whole.update({t.name: on_target, HOST: on_host})
     if timing.source == "estimated":
         timing = Timing(total, "+".join(sorted(sources)), f"{summed}; end to end: {timing.note}")
     return runs, timing, parts
@@ -584,15 +600,17 @@ def refine(p: Partitioner, session: Session) -> None:
     for cand in cands:
         _, groups, record = _decide(p, problem, cand)
         session.decisions.append(record)
-        for d, members in groups:
-            if not d:
+        for dev, members in groups:
+            if dev == HOST:
+                continue
+            if dev != cand.target.name:  # another target takes the whole region (its rules kept it)
+                placed.append((dev, sorted(members), {}))
                 continue
             parts = [members]
             if members != cand.members and _rule_verdict(p, cand.target, members, cand.patterns) is not None:
                 parts = [seg for seg in cand.segs if seg[0] in members]  # each of these passed the rules
             for part in parts:
-                placed.append((cand.target.name, sorted(part), {i: cand.patterns[i] for i in part
-                                                                if i in cand.patterns}))
+                placed.append((dev, sorted(part), {i: cand.patterns[i] for i in part if i in cand.patterns}))
     p.placed = placed
     p.region_of = [-1] * len(p.nodes)
     for rid, (_, members, _) in enumerate(placed):
