@@ -4,7 +4,9 @@ After the priority partition has formed each target's regions (its maximal suppo
 after its rules), :func:`refine` decides, for every such region, between
 
 * the whole region on its target,
-* the same nodes on the host (byoc's own kernels), and
+* the same nodes on the host (byoc's own kernels),
+* the whole region on every other target that supports all of its nodes and whose rules keep it
+  whole (its codegen sees the plain nodes: the first target's pattern matches are not its own), and
 * a split at pattern boundaries: the region cut into at most :data:`MAX_SEGMENTS` contiguous
   sub-regions (never inside a composite pattern; a contiguous range of a convex region in
   topological order is convex, so no cycle can form), each on the target or the host, chosen by
