@@ -3,7 +3,7 @@
 * :func:`byoc.partition.regions.form_regions` on random index DAGs with random candidate masks:
   every candidate unit is placed exactly once, the contracted graph stays a DAG (checked here by
   an independent Kahn sort), regions are connected, and chains/diamonds get the obvious answer.
-* ``byoc.compile`` (placement "priority" or "cost") on random ONNX DAGs (diamonds, shared outputs) with two or three in-process
+* ``byoc.compile`` (placement "priority", "cost" or "measure") on random ONNX DAGs (diamonds, shared outputs) with two or three in-process
   targets that support random sets of nodes: the partitioned graph is a DAG, every node is placed
   exactly once, outputs equal the host-only run bit for bit, and compiling twice gives identical
   artifacts.
@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections import defaultdict
 
@@ -223,8 +224,20 @@ def setups(draw):
                                   cost=draw(st.sampled_from([None, 0.0, 1e-9, 1.0]))))
     order = draw(st.permutations([t.name for t in targets]))
     seed = draw(st.integers(0, 2**16))
-    placement = draw(st.sampled_from(["priority", "cost"]))
+    placement = draw(st.sampled_from(["priority", "cost", "measure"]))
     return model, targets, list(order), seed, placement
+
+
+@pytest.fixture(scope="module", autouse=True)
+def measure_cache(tmp_path_factory):
+    """placement="measure" caches its times: in a folder of this module's own."""
+    old = os.environ.get("BYOC_CACHE_DIR")
+    os.environ["BYOC_CACHE_DIR"] = str(tmp_path_factory.mktemp("byoc-cache"))
+    yield
+    if old is None:
+        os.environ.pop("BYOC_CACHE_DIR", None)
+    else:
+        os.environ["BYOC_CACHE_DIR"] = old
 
 
 def compile_quiet(model, registry, order, placement="priority"):
