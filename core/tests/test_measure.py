@@ -224,6 +224,23 @@ def test_a_corrupt_cache_file_is_ignored(cache_dir):
     assert json.loads((cache_dir / "placement-measure.json").read_text())
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "getuid"), reason="POSIX permissions")
+def test_a_cache_folder_others_may_write_to_is_not_used(cache_dir):
+    cache_dir.mkdir(parents=True)
+    cache_dir.chmod(0o777)
+    compile_measured(chain(), registry())
+    assert not (cache_dir / "placement-measure.json").exists()
+    before = measure.STATS["measured"]
+    compile_measured(chain(), registry())
+    assert measure.STATS["measured"] > before  # nothing read from there either
+
+
+def test_the_cache_keeps_the_newest_entries(cache_dir, monkeypatch):
+    monkeypatch.setattr(measure, "MAX_CACHE_ENTRIES", 3)
+    compile_measured(chain(), registry())
+    assert len(json.loads((cache_dir / "placement-measure.json").read_text())) == 3
+
+
 @pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "10", True])
 def test_a_bad_measure_budget_is_an_option_error(bad):
     with pytest.raises(OptionError, match="measure_budget_s"):

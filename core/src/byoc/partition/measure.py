@@ -16,9 +16,12 @@ after its rules), :func:`refine` decides, for every such region, between
 Every candidate is compiled (the target's ``byoc_codegen``/``byoc_runtime`` hooks; the host's
 kernels) and run on random inputs of its input shapes and dtypes (floats normal, integers 0, so
 index inputs are always in range; every array checked against the Budget first): one warm-up
-run, then :data:`REPEATS` timed runs, the median counts. Times are cached on disk
+run, then :data:`REPEATS` timed runs in turns with the alternatives (so a change of load hits
+them alike), the median counts; a split that mixes devices is then timed end to end, in turns
+with the whole region on either device. Times are cached on disk
 (``$BYOC_CACHE_DIR/placement-measure.json``, default ``~/.cache/byoc``; plain JSON, read and
-written only in the user's own cache folder) under a key of the candidate's content hash (nodes,
+written only in a folder the user owns and no one else may write to, newest
+:data:`MAX_CACHE_ENTRIES` kept) under a key of the candidate's content hash (nodes,
 attributes, patterns, input types, and a SHA-256 of every weight), the device's name, plugin
 version and options, and :func:`byoc.partition.placement.machine_fingerprint`: a second compile
 of the same model measures nothing.
@@ -68,6 +71,10 @@ _KEY_VERSION = "measure-1"
 STATS = {"measured": 0, "cached": 0}
 
 
+#: the cache keeps at most this many times (the oldest go first)
+MAX_CACHE_ENTRIES = 50_000
+
+
 @dataclass
 class Timing:
     """One candidate's time on one device: ``source`` is measured, cached or estimated."""
@@ -76,19 +83,29 @@ class Timing:
     source: str
     note: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"seconds": self.seconds, "source": self.source}
-        if self.note:
-            out["note"] = self.note
-        return out
-
 
 def _cache_path() -> Path:
     root = os.environ.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
     return Path(root) / _CACHE_FILE
 
 
+def _trusted(folder: Path) -> bool:
+    """A cache folder is used only when it is the user's own and no one else may write to it
+    (on POSIX; a missing folder is created by the user, so it is fine)."""
+    if not hasattr(os, "getuid"):
+        return True
+    try:
+        st = folder.stat()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 def _read_table(path: Path) -> dict[str, float]:
+    if not _trusted(path.parent):
+        return {}
     try:
         table = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -134,11 +151,17 @@ class Session:
             return
         path = _cache_path()
         table = _read_table(path)
+        for key in self._new:  # a re-measured time moves to the newest end
+            table.pop(key, None)
         table.update(self._new)
+        if len(table) > MAX_CACHE_ENTRIES:
+            table = dict(list(table.items())[-MAX_CACHE_ENTRIES:])
         try:
+            if not _trusted(path.parent):
+                raise OSError("the cache folder is not the user's own")
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, indent=0, sort_keys=True), encoding="utf-8")
+            tmp.write_text(json.dumps(table, indent=0), encoding="utf-8")  # oldest first
             os.replace(tmp, path)
         except OSError:
             pass  # a read-only cache folder: measured again next time
