@@ -299,7 +299,10 @@ def time_jobs(session: Session, jobs: Sequence[_Job], use_cache: bool = True, re
             except Exception as exc:  # a candidate that cannot run here is priced by the estimate
                 out[k] = _failed(session, job, exc)
     samples: dict[int, list[float]] = {k: [] for k in runners}
-    for _ in range(repeats):
+    for r in range(repeats):
+        if r and session.remaining() <= 0:  # out of time: fewer repeats, but each job timed
+            session.budget_spent = True
+            break
         for k in list(runners):
             t0 = time.perf_counter()
             try:
