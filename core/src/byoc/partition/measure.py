@@ -238,7 +238,8 @@ class _Job:
     build a zero-argument runner for it."""
 
     key: str
-    estimate: float
+    #: the estimate used when the job cannot be timed (computed only then: it may call hooks)
+    estimate: Callable[[], float]
     build: Callable[[], Callable[[], Any]]
     #: keep the runner for this compile (a whole region: timed again next to its split)
     keep: bool = False
@@ -290,7 +291,7 @@ def time_jobs(session: Session, jobs: Sequence[_Job], use_cache: bool = True, re
         elif session.remaining() <= 0:
             session.budget_spent = True
             session.counts["estimated"] += 1
-            out[k] = Timing(job.estimate, "estimated", "measure budget spent")
+            out[k] = Timing(job.estimate(), "estimated", "measure budget spent")
         else:
             try:
                 runner = session.runners.get(job.key) or job.build()
@@ -325,11 +326,11 @@ def time_jobs(session: Session, jobs: Sequence[_Job], use_cache: bool = True, re
 
 def _failed(session: Session, job: _Job, exc: Exception) -> Timing:
     session.counts["failed"] += 1
-    return Timing(job.estimate, "estimated", f"could not be measured: {type(exc).__name__}: {exc}"[:300])
+    return Timing(job.estimate(), "estimated", f"could not be measured: {type(exc).__name__}: {exc}"[:300])
 
 
 def region_job(session: Session, region: Region, device: str, target: Target | None,
-               options: Mapping[str, Any], estimate: float) -> _Job:
+               options: Mapping[str, Any], estimate: Callable[[], float]) -> _Job:
     """``region`` (outlined) on ``device`` (``"host"`` or its target)."""
     version = target.version if target is not None else _byoc_version()
     key = cache_key(region_hash(region, session), device, str(version), options)
@@ -337,7 +338,7 @@ def region_job(session: Session, region: Region, device: str, target: Target | N
 
 
 def plan_job(session: Session, parts: Sequence[tuple[Region, str]], target: Target,
-             options: Mapping[str, Any], estimate: float) -> _Job:
+             options: Mapping[str, Any], estimate: Callable[[], float]) -> _Job:
     """Several outlined regions run one after the other, each on its device (a split, end to end)."""
     content = hashlib.sha256("|".join(f"{d}:{region_hash(r, session)}" for r, d in parts).encode()).hexdigest()
     key = cache_key(content, f"plan:{target.name}", f"{target.version}|{_byoc_version()}", options)
@@ -423,7 +424,7 @@ def _outlined(p: Partitioner, target: Target, group: Sequence[int], patterns: Ma
     return region
 
 
-def _group_jobs(p: Partitioner, session: Session, problem: Problem, cand: _Candidate,
+def _group_jobs(p: Partitioner, session: Session, problems: _Problems, cand: _Candidate,
                 group: Sequence[int]) -> tuple[list[_Job], list[str], dict[str, Timing]]:
     """Jobs timing ``group`` on the candidate's target (unless a rule refuses it), on the host and,
     for the whole region, on every other target that supports all of it and whose rules keep it;
@@ -432,33 +433,54 @@ def _group_jobs(p: Partitioner, session: Session, problem: Problem, cand: _Candi
     whole = list(group) == cand.members
     region = _outlined(p, t, group, cand.patterns)
     refused = None if whole else _rule_verdict(p, t, group, cand.patterns)
-    jobs = [region_job(session, region, HOST, None, {}, sum(problem.cost[i][0] for i in group))]
+    jobs = [region_job(session, region, HOST, None, {}, problems.estimate(group, HOST))]
     names = [HOST]
     fixed = {} if refused is None else {t.name: Timing(math.inf, "refused", refused)}
     if refused is None:
-        d = problem.devices.index(t.name)
-        est = sum(problem.cost[i][d] for i in group) + float(t.launch_overhead)
-        jobs.insert(0, region_job(session, region, t.name, t, p.options.get(t.name, {}), est))
+        jobs.insert(0, region_job(session, region, t.name, t, p.options.get(t.name, {}),
+                                  problems.estimate(group, t.name, t.launch_overhead)))
         names.insert(0, t.name)
     for other in (p.targets if whole else ()):
         if other.name == t.name:
             continue
-        d = problem.devices.index(other.name)
-        if any(problem.cost[i][d] == math.inf for i in group) or _rule_verdict(p, other, group, {}) is not None:
+        d = problems.light.devices.index(other.name)
+        if any(problems.light.cost[i][d] == math.inf for i in group) or _rule_verdict(p, other, group, {}) is not None:
             continue
-        est = sum(problem.cost[i][d] for i in group) + float(other.launch_overhead)
         jobs.append(region_job(session, _outlined(p, other, group, {}), other.name, other,
-                               p.options.get(other.name, {}), est))
+                               p.options.get(other.name, {}),
+                               problems.estimate(group, other.name, other.launch_overhead)))
         names.append(other.name)
     for job in jobs:
         job.keep = whole
     return jobs, names, fixed
 
 
-def _time_groups(p: Partitioner, session: Session, problem: Problem, cand: _Candidate,
+class _Problems:
+    """The graph's placement problem: ``light`` (byoc's own model, no plugin hooks; for structure,
+    bytes and where to cut) at once, the full one (``byoc_cost`` hooks) only when an estimate is
+    needed, i.e. when something could not be timed."""
+
+    def __init__(self, p: Partitioner):
+        self.p = p
+        self.light = p.cost_problem(hooks=False)
+        self._full: Problem | None = None
+
+    def estimate(self, group: Sequence[int], device: str, launch: float = 0.0) -> Callable[[], float]:
+        members = list(group)
+
+        def value() -> float:
+            if self._full is None:
+                self._full = self.p.cost_problem()
+            d = self._full.devices.index(device)
+            return sum(self._full.cost[i][d] for i in members) + float(launch)
+
+        return value
+
+
+def _time_groups(p: Partitioner, session: Session, problems: _Problems, cand: _Candidate,
                  groups: Sequence[Sequence[int]]) -> list[dict[str, Timing]]:
     """Every group on its devices, all timed in one interleaved batch."""
-    batches = [_group_jobs(p, session, problem, cand, g) for g in groups]
+    batches = [_group_jobs(p, session, problems, cand, g) for g in groups]
     if len(groups) == 1 and groups[0] == cand.members and len(batches[0][0]) >= 2:
         cand.whole_jobs = batches[0][0][:2]  # on the target and on the host
     timings = iter(time_jobs(session, [j for jobs, _, _ in batches for j in jobs]))
@@ -590,7 +612,7 @@ def _best_split(p: Partitioner, session: Session, problem: Problem,
         return runs, Timing(total, "+".join(sorted(sources)), summed), parts
     t = cand.target
     regions = [(_outlined(p, t, seg, cand.patterns), t.name if d else HOST) for d, seg in runs]
-    job = plan_job(session, regions, t, p.options.get(t.name, {}), total)
+    job = plan_job(session, regions, t, p.options.get(t.name, {}), lambda: total)
     if session.cached(job.key) is not None or session.remaining() <= 0 or len(cand.whole_jobs) != 2:
         (timing,) = time_jobs(session, [job])
     else:
@@ -610,16 +632,17 @@ def refine(p: Partitioner, session: Session) -> None:
     back to the host are freed, the kept runs become the regions."""
     if not p.placed:
         return
-    problem = p.cost_problem()
+    problems = _Problems(p)
+    problem = problems.light
     by_name = {t.name: t for t in p.targets}
     cands = [_Candidate(by_name[name], list(members), dict(patterns)) for name, members, patterns in p.placed]
     for cand in cands:  # the whole regions first: they matter most when the budget runs out
-        cand.whole = _time_groups(p, session, problem, cand, [cand.members])[0]
+        cand.whole = _time_groups(p, session, problems, cand, [cand.members])[0]
     for cand in cands:
         d = problem.devices.index(cand.target.name)
         cand.segs = segments(cand.members, p.composite_of, [problem.cost[i][d] for i in cand.members])
         if len(cand.segs) > 1:
-            cand.seg_times = _time_groups(p, session, problem, cand, cand.segs)
+            cand.seg_times = _time_groups(p, session, problems, cand, cand.segs)
     for cand in cands:
         if len(cand.segs) > 1:
             cand.split = _best_split(p, session, problem, cand)

@@ -374,8 +374,9 @@ class Partitioner:
             self._verdicts[target.name] = verdict_ok
         return self._verdicts[target.name]
 
-    def cost_problem(self) -> Problem:
-        """The placement problem of this graph with byoc's estimates (:mod:`byoc.partition.costs`)."""
+    def cost_problem(self, hooks: bool = True) -> Problem:
+        """The placement problem of this graph with byoc's estimates (:mod:`byoc.partition.costs`);
+        ``hooks=False``: byoc's own model only (no ``byoc_cost`` call, no one-node outlining)."""
         supported = {t.name: self._support(t, SupportContext(t.name, self.options.get(t.name, {})))
                      for t in self.targets}
 
@@ -384,8 +385,8 @@ class Partitioner:
             outline(region, self.model)
             return region
 
-        return build_problem(self.nodes, self.preds, self.targets, supported, self.registry, self.options,
-                             one_node, lambda plugin, hook, msg: self.faults.add(plugin, hook, msg))
+        return build_problem(self.nodes, self.preds, self.targets, supported, self.registry if hooks else None,
+                             self.options, one_node, lambda plugin, hook, msg: self.faults.add(plugin, hook, msg))
 
     def _place_by_cost(self) -> None:
         """Choose every node's device over the whole graph (:mod:`byoc.partition.placement`),
