@@ -829,20 +829,74 @@ def k_where(c, x, y, out, dims, sc, sx, sy, start, stop):
     ternary_loop(_where, c, x, y, out, dims, sc, sx, sy, start, stop)
 
 
+# Range kernels whose scalar operation is exactly one numpy ufunc's, per dtype kind: the same
+# IEEE (or wrapping integer) operation per element, so the same bits. These run as the ufunc
+# over strided views of the plan (no Numba compilation: about a second of a first run per
+# kernel and dtype); the ufuncs release the GIL, so the chunks still share the thread pool.
+_UFUNC_TWINS: dict[Callable, tuple[np.ufunc, str]] = {
+    k_add: (np.add, "iuf"),
+    k_sub: (np.subtract, "iuf"),
+    k_mul: (np.multiply, "iuf"),
+    k_div_float: (np.true_divide, "f"),
+    k_equal: (np.equal, "iufb"),
+    k_less: (np.less, "iuf"),
+    k_greater: (np.greater, "iuf"),
+    k_less_equal: (np.less_equal, "iuf"),
+    k_greater_equal: (np.greater_equal, "iuf"),
+    k_and: (np.logical_and, "b"),
+    k_or: (np.logical_or, "b"),
+    k_xor: (np.not_equal, "b"),
+    k_bit_and: (np.bitwise_and, "iub"),
+    k_bit_or: (np.bitwise_or, "iub"),
+    k_bit_xor: (np.bitwise_xor, "iub"),
+}
+
+
+def _plan_view(flat: np.ndarray, dims: tuple[int, ...], st: np.ndarray) -> np.ndarray:
+    """``flat`` seen over the plan's merged dimensions (stride 0 where broadcast), read-only."""
+    item = flat.itemsize
+    return np.lib.stride_tricks.as_strided(flat, shape=dims, strides=tuple(int(s) * item for s in st),
+                                           writeable=False)
+
+
+def _ufunc_rows(uf: np.ufunc, av: np.ndarray, bv: np.ndarray, ov: np.ndarray, start: int, stop: int) -> None:
+    with np.errstate(all="ignore"):  # IEEE results, as the kernels give, without warnings
+        uf(av[start:stop], bv[start:stop], out=ov[start:stop])
+
+
+def _twin(fn: Callable, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ufunc | None:
+    twin = _UFUNC_TWINS.get(fn)
+    if twin is None or a.dtype != b.dtype or a.dtype.kind not in twin[1]:
+        return None
+    if out.dtype != a.dtype and out.dtype != np.bool_:
+        return None
+    return twin[0]
+
+
+def _run_binary(fn: Callable, a: np.ndarray, b: np.ndarray, out: np.ndarray, plan: BroadcastPlan) -> None:
+    sa, sb = plan.strides
+    uf = _twin(fn, a, b, out)
+    if uf is None:
+        run_ranges(fn, plan.size, (a.reshape(-1), b.reshape(-1), out.reshape(-1), plan.dims, sa, sb))
+        return
+    dims = tuple(int(d) for d in plan.dims)
+    av, bv = _plan_view(a.reshape(-1), dims, sa), _plan_view(b.reshape(-1), dims, sb)
+    run_ranges(functools.partial(_ufunc_rows, uf), dims[0], (av, bv, out.reshape(dims)),
+               unit_cost=plan.size // dims[0])
+
+
 def binary(fn: Callable, a: np.ndarray, b: np.ndarray, out_dtype, plan: BroadcastPlan) -> np.ndarray:
     """Run a binary range kernel over the broadcast of ``a`` and ``b`` (already prepared)."""
     out = np.empty(plan.out_shape, dtype=out_dtype)
     if plan.size:
-        sa, sb = plan.strides
-        run_ranges(fn, plan.size, (a.reshape(-1), b.reshape(-1), out.reshape(-1), plan.dims, sa, sb))
+        _run_binary(fn, a, b, out, plan)
     return out
 
 
 def binary_into(fn: Callable, a: np.ndarray, b: np.ndarray, out: np.ndarray, plan: BroadcastPlan) -> np.ndarray:
     """Like :func:`binary` into an existing C-contiguous ``out`` of the plan's shape (may be ``a``)."""
     if plan.size:
-        sa, sb = plan.strides
-        run_ranges(fn, plan.size, (a.reshape(-1), b.reshape(-1), out.reshape(-1), plan.dims, sa, sb))
+        _run_binary(fn, a, b, out, plan)
     return out
 
 
