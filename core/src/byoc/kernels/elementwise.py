@@ -12,6 +12,10 @@ This module also holds the machinery the activation and reduce families share:
   One compiled function per operator and dtype handles every broadcast pattern (no compile per
   call); the innermost loop has fast paths for contiguous/contiguous, contiguous/scalar and
   scalar/contiguous operands, which the compiler vectorises.
+* **numpy twins**: a range kernel whose scalar operation is exactly one numpy ufunc's (Add,
+  Sub, Mul, float Div, the comparisons, bitwise and boolean logic) runs as that ufunc over
+  strided views of the plan (stride 0 where broadcast), chunked over the same pool: the same
+  bits, as fast on these memory-bound loops, and no Numba compilation on a first run.
 * **Parallelism** (:func:`run_ranges`): kernels are compiled with ``nogil=True``; a large range is
   cut into chunks for the kernel package's shared thread pool
   (:func:`byoc.kernels.threads.parallel_for`), a small one (under :data:`PARALLEL_MIN_ELEMENTS`

@@ -6,7 +6,10 @@ follows the ONNX operator definitions; with ceil_mode the last window must start
 input or its leading padding (as onnxruntime and PyTorch do).
 
 The pooled value of a window is accumulated one kernel tap at a time over whole output rows,
-which keeps the inner loops contiguous (vectorised) for stride 1 and cheap otherwise.
+which keeps the inner loops contiguous (vectorised) for stride 1 and cheap otherwise. 1-D and
+2-D windows (and global averages) run as numpy ufuncs over strided views, separably (a row
+pass, then a column pass): nothing to compile on a first run; 3-D windows and Indices outputs
+use Numba kernels.
 MaxPool with an Indices output scans each window in index order and keeps the first maximum.
 """
 
