@@ -53,6 +53,7 @@ def test_helpers_compile_part_of_a_cold_first_run_and_change_no_result(tmp_path)
     assert alone["max_err"] < 1e-5
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="helpers fork (Linux only)")
 def test_helper_count_follows_the_environment(monkeypatch):
     monkeypatch.setenv("BYOC_JIT_HELPERS", "0")
     assert jithelpers.helper_count() == 0
@@ -60,3 +61,8 @@ def test_helper_count_follows_the_environment(monkeypatch):
     assert jithelpers.helper_count() == 2
     monkeypatch.setenv("BYOC_JIT_HELPERS", "many")
     assert jithelpers.helper_count() == 0
+    monkeypatch.delenv("BYOC_JIT_HELPERS")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)), raising=False)
+    assert jithelpers.helper_count() == 0  # two cores: none by default
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert jithelpers.helper_count() == 3

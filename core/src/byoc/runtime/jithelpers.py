@@ -3,7 +3,7 @@
 Numba compiles one function at a time per process (under its compiler lock and the interpreter
 lock), and a model's first run after a fresh install spends most of its time there. On Linux,
 when a first run starts, :func:`first_run` forks ``BYOC_JIT_HELPERS`` helper processes (default:
-the free cores, at most 3) that run the same plan *ahead* of the parent, without executing any
+with at least four usable cores, the free ones, at most 3; none with fewer) that run the same plan *ahead* of the parent, without executing any
 byoc kernel: each kernel call a helper meets is claimed (one claim file per kernel and
 signature, created with ``O_EXCL`` in a private temporary folder) and compiled into Numba's
 on-disk cache, or, when another process holds the claim, skipped. The parent runs the plan for
@@ -34,6 +34,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
+#: the fewest usable cores with which first runs use helpers by default
+MIN_CORES = 4
 #: the longest the parent waits for a helper's compilation of one kernel before compiling it itself
 WAIT_LIMIT_S = 30.0
 _POLL_S = 0.005
@@ -44,19 +46,21 @@ _state: dict[str, Any] = {"enabled": True, "session": None, "patched": None, "he
 
 def helper_count() -> int:
     """How many helper processes a first run forks now (0: none)."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return 0
     env = os.environ.get("BYOC_JIT_HELPERS", "").strip()
     if env:
         try:
-            return max(0, int(env))
+            return min(max(0, int(env)), 64)
         except ValueError:
             return 0
-    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
-        return 0
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover
         cores = os.cpu_count() or 1
-    return min(max(cores - 1, 0), 3)
+    # a helper also runs the plan's glue (and BLAS) on its own: on two cores it measured slower
+    # than no helper on a busy machine (docs/startup.md), so helpers start from four cores
+    return min(cores - 1, 3) if cores >= MIN_CORES else 0
 
 
 class _Session:
@@ -295,4 +299,4 @@ def helper_compiled() -> int:
     return int(_state["helper_compiled"])
 
 
-__all__ = ["first_run", "helper_compiled", "helper_count", "reset", "WAIT_LIMIT_S"]
+__all__ = ["MIN_CORES", "WAIT_LIMIT_S", "first_run", "helper_compiled", "helper_count", "reset"]
