@@ -6,8 +6,9 @@ The table of issue 19, re-measured:
   with the ``cpu`` target, VGG-19 on the host; onnxruntime's session creation beside them;
 * fresh install: a new process with an empty ``NUMBA_CACHE_DIR`` (and an empty byoc-cpu cache)
   compiles ResNet-50 and runs it once (median of ``--cold-repeats`` processes, the rows
-  interleaved), with the default helper processes and with ``BYOC_JIT_HELPERS=0``; the CPU
-  time of the helper processes is reported apart (``helper_processes_cpu``);
+  interleaved), with the default helper processes and with the other choice (one helper where
+  the default is none, else none); the CPU time of helper processes is reported apart
+  (``helper_processes_cpu``);
 * after ``byoc warmup``: the same in a new process whose empty cache was first filled by
   ``byoc warmup``.
 
@@ -157,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((f"`byoc.compile`, warm, {label}", fig, ort))
         results[f"warm compile {label}"] = {"byoc": fig, "onnxruntime_session": ort}
     if not args.warm_only:
-        cold = (("fresh install, host", [], False, None), ("fresh install, host, no helpers", [], False, "0"),
+        from byoc.runtime.jithelpers import helper_count
+
+        other = "0" if helper_count() else "1"  # the default against the other choice
+        cold = (("fresh install, host", [], False, None), (f"fresh install, host, BYOC_JIT_HELPERS={other}", [], False, other),
                 ("fresh install, cpu", ["cpu"], False, None), ("after `byoc warmup`, host", [], True, None))
         figs: dict[str, list[dict]] = {label: [] for label, *_ in cold}
         for _ in range(args.cold_repeats):  # interleaved: one of each per round
