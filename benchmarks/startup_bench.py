@@ -18,7 +18,8 @@ machine the CPU time is the steadier of the two).
     python benchmarks/startup_bench.py                  # everything (a few minutes)
     python benchmarks/startup_bench.py --warm-only      # only the in-process figures
     python benchmarks/startup_bench.py --cold-only      # only the fresh-install rows
-    python benchmarks/startup_bench.py --first-run-only # compile + first run with the current cache
+    python benchmarks/startup_bench.py --first-run-only # compile + first run with the current cache,
+                                                        # and the CPU seconds of each Numba compilation
     python benchmarks/startup_bench.py --json out.json
 """
 
@@ -39,6 +40,15 @@ import json, resource, sys, time
 def helpers_cpu():
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
+from numba.core import event
+jit_log, started = [], {}
+class Compiles(event.Listener):  # CPU seconds of each Numba compilation, top level and nested
+    def on_start(self, ev):
+        started[id(ev.data["dispatcher"])] = time.process_time()
+    def on_end(self, ev):
+        d = ev.data["dispatcher"]
+        jit_log.append([f"{d.py_func.__module__}.{d.py_func.__qualname__}", time.process_time() - started.pop(id(d))])
+event.register("numba:compile", Compiles())
 w0, c0 = time.perf_counter(), time.process_time()
 import byoc
 from byoc.testing.zoo import load_zoo, zoo_inputs
@@ -52,7 +62,8 @@ compiled.run(feeds)
 w4, c4 = time.perf_counter(), time.process_time()
 print(json.dumps({"import": [w1 - w0, c1 - c0], "compile": [w3 - w2, c3 - c2], "first_run": [w4 - w3, c4 - c3],
                   "compile_and_first_run": [w4 - w2, (c4 - c3) + (c3 - c2)],
-                  "helper_processes_cpu": [0.0, helpers_cpu()]}))
+                  "helper_processes_cpu": [0.0, helpers_cpu()],
+                  "numba_compiles_cpu": sorted(jit_log, key=lambda c: -c[1])}))
 """
 
 
@@ -119,7 +130,7 @@ def fresh_install(name: str, targets: list[str], repeats: int, warm_first: bool,
                                env=env, check=True, capture_output=True)
                 warmups.append(time.perf_counter() - w)
             rows.append(_child(name, targets, env))
-    out = {key: _median_pair([r[key] for r in rows]) for key in rows[0]}
+    out = {key: _median_pair([r[key] for r in rows]) for key in rows[0] if key != "numba_compiles_cpu"}
     if warmups:
         out["warmup_wall"] = statistics.median(warmups)
     return out
@@ -169,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 figs[label].append(fresh_install("resnet50", targets, 1, warm_first, helpers))
         for label, *_ in cold:
             runs = figs[label]
-            fig = {key: _median_pair([r[key] for r in runs]) for key in runs[0] if key != "warmup_wall"}
+            fig = {key: _median_pair([r[key] for r in runs]) for key in runs[0]
+                   if key not in ("warmup_wall", "numba_compiles_cpu")}
             if "warmup_wall" in runs[0]:
                 fig["warmup_wall"] = statistics.median(r["warmup_wall"] for r in runs)
             rows.append((f"ResNet-50 compile + first run, {label}", fig["compile_and_first_run"], None))
