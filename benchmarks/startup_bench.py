@@ -5,7 +5,10 @@ The table of issue 19, re-measured:
 * warm compile (same process, caches warm, median of ``--repeats``): ResNet-50 on the host and
   with the ``cpu`` target, VGG-19 on the host; onnxruntime's session creation beside them;
 * fresh install: a new process with an empty ``NUMBA_CACHE_DIR`` (and an empty byoc-cpu cache)
-  compiles ResNet-50 and runs it once (median of ``--cold-repeats`` processes);
+  compiles ResNet-50 and runs it once (median of ``--cold-repeats`` processes, the rows
+  interleaved), with the default helper processes and with the other choice (one helper where
+  the default is none, else none); the CPU time of helper processes is reported apart
+  (``helper_processes_cpu``);
 * after ``byoc warmup``: the same in a new process whose empty cache was first filled by
   ``byoc warmup``.
 
@@ -14,7 +17,9 @@ machine the CPU time is the steadier of the two).
 
     python benchmarks/startup_bench.py                  # everything (a few minutes)
     python benchmarks/startup_bench.py --warm-only      # only the in-process figures
-    python benchmarks/startup_bench.py --first-run-only # compile + first run with the current cache
+    python benchmarks/startup_bench.py --cold-only      # only the fresh-install rows
+    python benchmarks/startup_bench.py --first-run-only # compile + first run with the current cache,
+                                                        # and the CPU seconds of each Numba compilation
     python benchmarks/startup_bench.py --json out.json
 """
 
@@ -31,7 +36,19 @@ import time
 
 #: run in a fresh process: import byoc, compile the model, run it once; prints one JSON line
 _CHILD = r"""
-import json, sys, time
+import json, resource, sys, time
+def helpers_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+from numba.core import event
+jit_log, started = [], {}
+class Compiles(event.Listener):  # CPU seconds of each Numba compilation, top level and nested
+    def on_start(self, ev):
+        started[id(ev.data["dispatcher"])] = time.process_time()
+    def on_end(self, ev):
+        d = ev.data["dispatcher"]
+        jit_log.append([f"{d.py_func.__module__}.{d.py_func.__qualname__}", time.process_time() - started.pop(id(d))])
+event.register("numba:compile", Compiles())
 w0, c0 = time.perf_counter(), time.process_time()
 import byoc
 from byoc.testing.zoo import load_zoo, zoo_inputs
@@ -44,7 +61,9 @@ w3, c3 = time.perf_counter(), time.process_time()
 compiled.run(feeds)
 w4, c4 = time.perf_counter(), time.process_time()
 print(json.dumps({"import": [w1 - w0, c1 - c0], "compile": [w3 - w2, c3 - c2], "first_run": [w4 - w3, c4 - c3],
-                  "compile_and_first_run": [w4 - w2, (c4 - c3) + (c3 - c2)]}))
+                  "compile_and_first_run": [w4 - w2, (c4 - c3) + (c3 - c2)],
+                  "helper_processes_cpu": [0.0, helpers_cpu()],
+                  "numba_compiles_cpu": sorted(jit_log, key=lambda c: -c[1])}))
 """
 
 
@@ -96,19 +115,22 @@ def _fresh_env(folder: str) -> dict[str, str]:
     return env
 
 
-def fresh_install(name: str, targets: list[str], repeats: int, warm_first: bool) -> dict:
-    """Compile + first run in new processes with empty caches (optionally filled by ``byoc warmup``)."""
+def fresh_install(name: str, targets: list[str], repeats: int, warm_first: bool, helpers: str | None = None) -> dict:
+    """Compile + first run in new processes with empty caches (optionally filled by ``byoc warmup``);
+    ``helpers``: ``BYOC_JIT_HELPERS`` for the run (``None``: the default)."""
     rows, warmups = [], []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="byoc-startup-") as folder:
             env = _fresh_env(folder)
+            if helpers is not None:
+                env["BYOC_JIT_HELPERS"] = helpers
             if warm_first:
                 w = time.perf_counter()
                 subprocess.run([sys.executable, "-m", "byoc.cli", "warmup", *(f"--target={t}" for t in targets)],
                                env=env, check=True, capture_output=True)
                 warmups.append(time.perf_counter() - w)
             rows.append(_child(name, targets, env))
-    out = {key: _median_pair([r[key] for r in rows]) for key in rows[0]}
+    out = {key: _median_pair([r[key] for r in rows]) for key in rows[0] if key != "numba_compiles_cpu"}
     if warmups:
         out["warmup_wall"] = statistics.median(warmups)
     return out
@@ -123,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-r", "--repeats", type=int, default=5, help="warm compiles per row (median)")
     parser.add_argument("--cold-repeats", type=int, default=1, help="fresh processes per cold row (median)")
     parser.add_argument("--warm-only", action="store_true", help="only the in-process warm figures")
+    parser.add_argument("--cold-only", action="store_true", help="only the fresh-install and after-warmup rows")
     parser.add_argument("--first-run-only", action="store_true",
                         help="only compile + first run of ResNet-50 in a new process with the current caches")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
@@ -134,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=1))
         return 0
     rows = []
-    for label, name, targets in (("ResNet-50, host", "resnet50", []), ("ResNet-50, cpu", "resnet50", ["cpu"]),
-                                 ("VGG-19, host", "vgg19", [])):
+    warm_rows = () if args.cold_only else (("ResNet-50, host", "resnet50", []), ("ResNet-50, cpu", "resnet50", ["cpu"]),
+                                           ("VGG-19, host", "vgg19", []))
+    for label, name, targets in warm_rows:
         try:
             fig = warm_compile(name, targets, args.repeats)
         except Exception as exc:  # e.g. byoc-cpu not installed
@@ -145,9 +169,21 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((f"`byoc.compile`, warm, {label}", fig, ort))
         results[f"warm compile {label}"] = {"byoc": fig, "onnxruntime_session": ort}
     if not args.warm_only:
-        for label, targets, warm_first in (("fresh install, host", [], False), ("fresh install, cpu", ["cpu"], False),
-                                           ("after `byoc warmup`, host", [], True)):
-            fig = fresh_install("resnet50", targets, args.cold_repeats, warm_first)
+        from byoc.runtime.jithelpers import helper_count
+
+        other = "0" if helper_count() else "1"  # the default against the other choice
+        cold = (("fresh install, host", [], False, None), (f"fresh install, host, BYOC_JIT_HELPERS={other}", [], False, other),
+                ("fresh install, cpu", ["cpu"], False, None), ("after `byoc warmup`, host", [], True, None))
+        figs: dict[str, list[dict]] = {label: [] for label, *_ in cold}
+        for _ in range(args.cold_repeats):  # interleaved: one of each per round
+            for label, targets, warm_first, helpers in cold:
+                figs[label].append(fresh_install("resnet50", targets, 1, warm_first, helpers))
+        for label, *_ in cold:
+            runs = figs[label]
+            fig = {key: _median_pair([r[key] for r in runs]) for key in runs[0]
+                   if key not in ("warmup_wall", "numba_compiles_cpu")}
+            if "warmup_wall" in runs[0]:
+                fig["warmup_wall"] = statistics.median(r["warmup_wall"] for r in runs)
             rows.append((f"ResNet-50 compile + first run, {label}", fig["compile_and_first_run"], None))
             results[f"ResNet-50 {label}"] = fig
     print("| step | byoc (wall, cpu) | onnxruntime session |")

@@ -247,3 +247,47 @@ def test_compiled_zoo_model_matches_onnxruntime():
     got = byoc.compile(model, targets=[]).run(feeds)
     for actual, want in zip(got.values(), run_onnxruntime(model, feeds)):
         np.testing.assert_allclose(actual, want, rtol=1e-3, atol=1e-6)
+
+
+def test_ir_model_weights_are_never_serialised(monkeypatch):
+    """An ``onnx_ir.Model`` gives the same model as its proto, without serialising its weights."""
+    model = load_zoo("squeezenet")
+    ir_in = ir.from_proto(model)
+    before = {name: value.const_value for name, value in ir_in.graph.initializers.items()}
+    weight_bytes = sum(nh.to_array(t).nbytes for t in model.graph.initializer)
+    sizes = []
+    to_proto = ir.to_proto
+    monkeypatch.setattr(ir, "to_proto", lambda m: (lambda p: sizes.append(p.ByteSize()) or p)(to_proto(m)))
+    got = load_model(ir_in, require_kernels=False)
+    monkeypatch.setattr(ir, "to_proto", to_proto)
+    assert sizes and sizes[0] < weight_bytes / 20
+    assert ir.to_proto(got) == ir.to_proto(load_model(model, require_kernels=False))
+    for name, value in ir_in.graph.initializers.items():  # the caller's model is as it was
+        assert value.const_value is before[name]
+        arr = got.graph.initializers[name].const_value.numpy()
+        np.testing.assert_array_equal(arr, value.const_value.numpy())
+        if arr.nbytes >= STUB_MIN_BYTES:
+            assert not arr.flags.writeable
+            assert not np.shares_memory(arr, value.const_value.numpy())  # a private copy
+
+
+def test_ir_model_falls_back_with_held_weights(monkeypatch):
+    """A converter that touches a stub: the full model (weights put back) is converted instead."""
+    model = ADAPTER_CASES["batchnorm7"]()
+    real = onnx.version_converter.convert_version
+    calls = []
+
+    def convert(m, v):
+        calls.append(m)
+        out = real(m, v)
+        if len(calls) == 1:
+            for t in out.graph.initializer:
+                if t.data_location == T.EXTERNAL:
+                    t.dims[0] += 1  # a stub reshaped: the stubs cannot be trusted
+        return out
+
+    monkeypatch.setattr(onnx.version_converter, "convert_version", convert)
+    got = load_model(ir.from_proto(model), require_kernels=False)
+    monkeypatch.setattr(onnx.version_converter, "convert_version", real)
+    assert len(calls) == 2
+    assert ir.to_proto(got) == ir.to_proto(load_model(model, require_kernels=False))

@@ -58,6 +58,16 @@ class ModelConversionWarning(UserWarning):
     """The ONNX version converter could not bring the model to the canonical opset."""
 
 
+def _read_ir(model: ir.Model, min_bytes: int) -> tuple[onnx.ModelProto, Path | None, dict]:
+    """Serialise an ``onnx_ir.Model`` without its big float weights (they are returned apart)."""
+    base_dir = _ir_base_dir(model)
+    try:
+        with weights.ir_held_out(model, min_bytes) as held:
+            return ir.to_proto(model), base_dir, held
+    except Exception as exc:
+        raise ModelLoadError(f"cannot serialise the onnx_ir.Model: {type(exc).__name__}: {exc}") from None
+
+
 def _read_proto(model: ModelLike, budget: Budget) -> tuple[onnx.ModelProto, str, Path | None]:
     """Return ``(the proto, how messages name it, folder of the model file)``.
 
@@ -65,11 +75,8 @@ def _read_proto(model: ModelLike, budget: Budget) -> tuple[onnx.ModelProto, str,
     on a skeleton copy, :func:`byoc.frontend.weights.skeleton`).
     """
     if isinstance(model, ir.Model):
-        try:
-            proto = ir.to_proto(model)
-        except Exception as exc:
-            raise ModelLoadError(f"cannot serialise the onnx_ir.Model: {type(exc).__name__}: {exc}") from None
-        return proto, "<onnx_ir.Model>", _ir_base_dir(model)
+        proto, base_dir, _ = _read_ir(model, _NEVER)
+        return proto, "<onnx_ir.Model>", base_dir
     if isinstance(model, onnx.ModelProto):
         return model, "<ModelProto>", None
     if isinstance(model, (bytes, bytearray, memoryview)):
@@ -255,12 +262,18 @@ def load_model(
     """
     budget = budget or DEFAULT_BUDGET
     min_bytes = _NEVER if stub_min_bytes is None else stub_min_bytes
-    source, origin, model_dir = _read_proto(model, budget)
+    ir_held: dict = {}
+    if isinstance(model, ir.Model):  # its big weights are never serialised
+        source, model_dir, ir_held = _read_ir(model, min_bytes)
+        origin = "<onnx_ir.Model>"
+    else:
+        source, origin, model_dir = _read_proto(model, budget)
     if base_dir is not None:
         model_dir = Path(base_dir)
     validate.check_text(source, origin=origin)
     # the checks, the checker and the converter work on a weight-less skeleton of the model
     proto, held = weights.skeleton(source, min_bytes)
+    held.adopt(proto, ir_held)
     del source
     validate.check_structure(proto, budget=budget)
     if require_kernels:

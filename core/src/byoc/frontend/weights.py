@@ -61,10 +61,13 @@ class _Weight:
     data_type: int
     dims: tuple[int, ...]
     doc_string: str
-    raw: bytes | None  # little-endian payload, or None when ``typed`` holds the values
+    raw: bytes | None  # little-endian payload, or None when ``typed`` or ``arr`` holds the values
     typed: TensorProto | None  # the original tensor (values in a typed field), read-only
+    arr: np.ndarray | None = None  # the values of an ``onnx_ir`` tensor (a private read-only copy)
 
     def array(self) -> np.ndarray:
+        if self.arr is not None:
+            return self.arr
         if self.raw is not None:
             return np.frombuffer(self.raw, dtype=_STUB_DTYPES[self.data_type]).reshape(self.dims)
         return numpy_helper.to_array(self.typed)
@@ -210,6 +213,15 @@ class Weights:
             nested += [t for g in (info.initialization, info.algorithm) for t, _ in validate.iter_tensors(g)]
         return not any(is_stub(t) for t in nested)
 
+    def adopt(self, proto: ModelProto, held: dict[str, _Weight]) -> None:
+        """Take ``held`` (weights already kept out of ``proto``, a skeleton) with their stubs in ``proto``."""
+        for t in proto.graph.initializer:
+            w = held.get(t.name)
+            if w is not None and t.name not in self._items:
+                _make_stub(t, w.name, w.data_type, w.dims, w.doc_string)
+                self._items[t.name] = w
+                self._stubs.append(t)
+
     def materialise(self, proto: ModelProto) -> None:
         """Put the payloads back into the stubs of ``proto`` (a skeleton or its converted copy)."""
         for t in proto.graph.initializer:
@@ -219,6 +231,8 @@ class Weights:
                 t.ClearField("data_location")
                 if w.raw is not None:
                     t.raw_data = w.raw
+                elif w.arr is not None:
+                    t.raw_data = w.arr.astype(_STUB_DTYPES[w.data_type], copy=False).tobytes()
                 else:
                     t.CopyFrom(w.typed)
         self._stubs = []
@@ -236,6 +250,36 @@ class Weights:
             tensor = value.const_value
             if isinstance(tensor, ir.ExternalTensor) and tensor.location == STUB_LOCATION:
                 raise ValueError(f"initializer {value.name!r} is a weight stub without data")
+
+
+_IR_STUB_TYPES = {ir.DataType.FLOAT: _T.FLOAT, ir.DataType.FLOAT16: _T.FLOAT16, ir.DataType.DOUBLE: _T.DOUBLE}
+
+
+@contextlib.contextmanager
+def ir_held_out(model: ir.Model, min_bytes: int):
+    """While serialising ``model``: its big in-memory float initializers of the main graph are
+    external references (no bytes serialised); yields those weights by name, each a private
+    read-only copy. The caller's model is as it was afterwards."""
+    held: dict[str, _Weight] = {}
+    swapped: list[tuple[ir.Value, object]] = []
+    try:
+        for value in model.graph.initializers.values():
+            tensor = value.const_value
+            data_type = _IR_STUB_TYPES.get(getattr(tensor, "dtype", None))
+            if (data_type is None or isinstance(tensor, ir.ExternalTensor) or tensor.metadata_props
+                    or validate.raw_nbytes(data_type, _numel(tensor.shape.numpy())) < min_bytes):
+                continue
+            arr = np.array(tensor.numpy(), dtype=_STUB_DTYPES[data_type].newbyteorder("="), copy=True)
+            arr.flags.writeable = False
+            name = value.name or ""
+            held[name] = _Weight(name, data_type, tuple(arr.shape), tensor.doc_string or "", None, None, arr)
+            swapped.append((value, tensor))
+            value.const_value = ir.ExternalTensor(STUB_LOCATION, None, None, tensor.dtype, shape=tensor.shape,
+                                                  name=name, doc_string=tensor.doc_string)
+        yield held
+    finally:
+        for value, tensor in swapped:
+            value.const_value = tensor
 
 
 def _nested_tensors(g):

@@ -147,6 +147,15 @@ def check_geometry(spec: NodeSpec, x: np.ndarray, m: int, g: dict) -> None:
     spec.check_alloc([g["cg"], taps, *g["out_sp"]], x.dtype)
 
 
+def read_only_view(a: np.ndarray) -> np.ndarray:
+    """``a``, or a read-only view of it: one Numba type for an input whatever its origin."""
+    if not a.flags.writeable:
+        return a
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 def canon5(x: np.ndarray) -> np.ndarray:
     """``(N, C, *spatial)`` with 1-3 spatial axes viewed as ``(N, C, D, H, W)``."""
     return x.reshape(x.shape[:2] + (1,) * (5 - x.ndim) + x.shape[2:])
@@ -714,7 +723,9 @@ def make_conv(spec: NodeSpec):
         if g["how"] in ("shift", "phase_shift") and dt != np.float32:
             g = dict(g, how="im2col")
         pw = weights(w, dt)
-        x5 = np.ascontiguousarray(canon5(x), dtype=dt)
+        # input-only arrays always read-only: a graph input (read-only) and an activation
+        # (writable) would otherwise be two Numba specialisations of every kernel (startup.md)
+        x5 = read_only_view(np.ascontiguousarray(canon5(x), dtype=dt))
         nb = x.shape[0]
         m = w.shape[0]
         od, oh, ow = pad3(g["out_sp"], 1)
@@ -726,6 +737,7 @@ def make_conv(spec: NodeSpec):
             bias = b if (b is b_const and b.dtype == dt) else np.ascontiguousarray(b, dtype=dt)
         else:
             bias = spec.alloc.zeros(m, dt)
+        bias = read_only_view(bias)
         how = g["how"]
         if how == "direct":
             kd, kh, kw = g["k"]

@@ -12,6 +12,11 @@ This module also holds the machinery the activation and reduce families share:
   One compiled function per operator and dtype handles every broadcast pattern (no compile per
   call); the innermost loop has fast paths for contiguous/contiguous, contiguous/scalar and
   scalar/contiguous operands, which the compiler vectorises.
+* **numpy twins**: a range kernel whose scalar operation is exactly one numpy ufunc's (Add,
+  Sub, Mul, float Div, the comparisons, bitwise and boolean logic) runs as that ufunc when the
+  plan is flat (same-shape operands, or a scalar one), chunked over the same pool: the same
+  bits, about as fast on these memory-bound loops, and no Numba compilation on a first run.
+  Broadcasting plans keep the Numba kernels (numpy's broadcasting loops measured 2.5-3.3x slower).
 * **Parallelism** (:func:`run_ranges`): kernels are compiled with ``nogil=True``; a large range is
   cut into chunks for the kernel package's shared thread pool
   (:func:`byoc.kernels.threads.parallel_for`), a small one (under :data:`PARALLEL_MIN_ELEMENTS`
@@ -829,20 +834,71 @@ def k_where(c, x, y, out, dims, sc, sx, sy, start, stop):
     ternary_loop(_where, c, x, y, out, dims, sc, sx, sy, start, stop)
 
 
+# Range kernels whose scalar operation is exactly one numpy ufunc's, per dtype kind: the same
+# IEEE (or wrapping integer) operation per element, so the same bits. On a flat plan these run
+# as the ufunc (no Numba compilation: about a second of a first run per kernel and dtype); the
+# ufuncs release the GIL, so the chunks still share the thread pool.
+_UFUNC_TWINS: dict[Callable, tuple[np.ufunc, str]] = {
+    k_add: (np.add, "iuf"),
+    k_sub: (np.subtract, "iuf"),
+    k_mul: (np.multiply, "iuf"),
+    k_div_float: (np.true_divide, "f"),
+    k_equal: (np.equal, "iufb"),
+    k_less: (np.less, "iuf"),
+    k_greater: (np.greater, "iuf"),
+    k_less_equal: (np.less_equal, "iuf"),
+    k_greater_equal: (np.greater_equal, "iuf"),
+    k_and: (np.logical_and, "b"),
+    k_or: (np.logical_or, "b"),
+    k_xor: (np.not_equal, "b"),
+    k_bit_and: (np.bitwise_and, "iub"),
+    k_bit_or: (np.bitwise_or, "iub"),
+    k_bit_xor: (np.bitwise_xor, "iub"),
+}
+
+
+def _ufunc_ranges(uf: np.ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray, start: int, stop: int) -> None:
+    """``out[start:stop] = uf(a, b)`` over flat operands, a size-1 operand broadcast."""
+    with np.errstate(all="ignore"):  # IEEE results, as the kernels give, without warnings
+        uf(a if a.shape[0] == 1 else a[start:stop], b if b.shape[0] == 1 else b[start:stop], out=out[start:stop])
+
+
+def _twin(fn: Callable, a: np.ndarray, b: np.ndarray, out: np.ndarray, plan: BroadcastPlan) -> np.ufunc | None:
+    """The ufunc twin of ``fn`` where it runs as fast: same-shape operands or a scalar one (a flat
+    plan). Real broadcasting (a bias row, a per-channel operand) stays a Numba kernel, which
+    measured 2.5-3.3x faster than numpy's broadcasting loops."""
+    twin = _UFUNC_TWINS.get(fn)
+    if twin is None or plan.dims.shape[0] != 1 or a.dtype != b.dtype or a.dtype.kind not in twin[1]:
+        return None
+    if out.dtype != a.dtype and out.dtype != np.bool_:
+        return None
+    return twin[0]
+
+
+def _run_binary(fn: Callable, a: np.ndarray, b: np.ndarray, out: np.ndarray, plan: BroadcastPlan) -> None:
+    sa, sb = plan.strides
+    uf = _twin(fn, a, b, out, plan)
+    if uf is None:
+        run_ranges(fn, plan.size, (a.reshape(-1), b.reshape(-1), out.reshape(-1), plan.dims, sa, sb))
+        return
+    # one merged dimension: each operand is contiguous (stride 1) or a scalar (stride 0)
+    av = a.reshape(-1) if sa[0] else a.reshape(-1)[:1]
+    bv = b.reshape(-1) if sb[0] else b.reshape(-1)[:1]
+    run_ranges(functools.partial(_ufunc_ranges, uf), plan.size, (av, bv, out.reshape(-1)))
+
+
 def binary(fn: Callable, a: np.ndarray, b: np.ndarray, out_dtype, plan: BroadcastPlan) -> np.ndarray:
     """Run a binary range kernel over the broadcast of ``a`` and ``b`` (already prepared)."""
     out = np.empty(plan.out_shape, dtype=out_dtype)
     if plan.size:
-        sa, sb = plan.strides
-        run_ranges(fn, plan.size, (a.reshape(-1), b.reshape(-1), out.reshape(-1), plan.dims, sa, sb))
+        _run_binary(fn, a, b, out, plan)
     return out
 
 
 def binary_into(fn: Callable, a: np.ndarray, b: np.ndarray, out: np.ndarray, plan: BroadcastPlan) -> np.ndarray:
     """Like :func:`binary` into an existing C-contiguous ``out`` of the plan's shape (may be ``a``)."""
     if plan.size:
-        sa, sb = plan.strides
-        run_ranges(fn, plan.size, (a.reshape(-1), b.reshape(-1), out.reshape(-1), plan.dims, sa, sb))
+        _run_binary(fn, a, b, out, plan)
     return out
 
 

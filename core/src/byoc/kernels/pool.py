@@ -6,7 +6,10 @@ follows the ONNX operator definitions; with ceil_mode the last window must start
 input or its leading padding (as onnxruntime and PyTorch do).
 
 The pooled value of a window is accumulated one kernel tap at a time over whole output rows,
-which keeps the inner loops contiguous (vectorised) for stride 1 and cheap otherwise.
+which keeps the inner loops contiguous (vectorised) for stride 1 and cheap otherwise. 1-D and
+2-D windows (and global averages) run as numpy ufuncs over strided views, separably (a row
+pass, then a column pass): nothing to compile on a first run; 3-D windows and Indices outputs
+use Numba kernels.
 MaxPool with an Indices output scans each window in index order and keeps the first maximum.
 """
 
@@ -70,61 +73,36 @@ def _pool_taps(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, is_max, ini
                                         dst[j] += src[j * sw + offw]
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _pool_separable(x, kh_, kw_, sh, sw, dh, dw, ph, pw, is_max, init, out, p0, p1):
+def _taps(n_out: int, s: int, off: int, n: int) -> tuple[int, int, slice]:
+    """Outputs ``[lo, hi)`` whose input ``o*s + off`` lies in ``[0, n)``, and those inputs."""
+    lo, hi = _tap_range.py_func(n_out, s, off, n)
+    return lo, hi, slice(lo * s + off, (hi - 1) * s + off + 1, s)
+
+
+def _pool_separable(x, kh_, kw_, sh, sw, dh, dw, ph, pw, is_max, init, out, p0, p1, rows):
     """2-D windows as a row pass then a column pass (max or sum over a product of ranges):
-    ``kh + kw`` operations per output instead of ``kh * kw``. Planes ``[p0, p1)`` of N*C."""
-    _, c_, _, h_, w_ = x.shape
+    ``kh + kw`` operations per output instead of ``kh * kw``, for the planes ``[p0, p1)`` of
+    N*C; ``rows`` is scratch of shape ``(p1 - p0, H, OW)``.
+
+    numpy ufuncs over whole planes, in the tap order of :func:`_pool_taps` (the same sums):
+    as fast as a compiled loop here and nothing to compile on a first run. Max is ``fmax``:
+    a NaN never wins, as ``v if v > m else m`` in the compiled kernels.
+    """
+    h_, w_ = x.shape[3], x.shape[4]
     oh_, ow_ = out.shape[3], out.shape[4]
-    rows = np.empty((h_, ow_), dtype=out.dtype)
-    for p in range(p0, p1):
-        n = p // c_
-        c = p - n * c_
-        src = x[n, c, 0]
-        # rows[i, j] = reduce over kw of src[i, j*sw + kw*dw - pw]
-        for i in range(h_):
-            r = rows[i]
-            r[:] = init
-            s = src[i]
-            for kw in range(kw_):
-                off = kw * dw - pw
-                lo, hi = _tap_range(ow_, sw, off, w_)
-                if is_max:
-                    for j in range(lo, hi):
-                        v = s[j * sw + off]
-                        r[j] = v if v > r[j] else r[j]
-                else:
-                    for j in range(lo, hi):
-                        r[j] += s[j * sw + off]
-        dst = out[n, c, 0]
-        for i in range(oh_):
-            d = dst[i]
-            d[:] = init
-            for kh in range(kh_):
-                ih = i * sh + kh * dh - ph
-                if ih < 0 or ih >= h_:
-                    continue
-                r = rows[ih]
-                if is_max:
-                    for j in range(ow_):
-                        v = r[j]
-                        d[j] = v if v > d[j] else d[j]
-                else:
-                    for j in range(ow_):
-                        d[j] += r[j]
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _divide(out, cd, ch, cw):
-    nb, c_, od_, oh_, ow_ = out.shape
-    for n in range(nb):
-        for c in range(c_):
-            for i in range(od_):
-                for j in range(oh_):
-                    row = out[n, c, i, j]
-                    f = cd[i] * ch[j]
-                    for k in range(ow_):
-                        row[k] = row[k] / (f * cw[k])
+    src = x.reshape(-1, h_, w_)[p0:p1]
+    dst = out.reshape(-1, oh_, ow_)[p0:p1]
+    op = np.fmax if is_max else np.add
+    rows[...] = init
+    for kw in range(kw_):
+        lo, hi, cols = _taps(ow_, sw, kw * dw - pw, w_)
+        if hi > lo:
+            op(rows[:, :, lo:hi], src[:, :, cols], out=rows[:, :, lo:hi])
+    dst[...] = init
+    for kh in range(kh_):
+        lo, hi, rsel = _taps(oh_, sh, kh * dh - ph, h_)
+        if hi > lo:
+            op(dst[:, lo:hi], rows[:, rsel], out=dst[:, lo:hi])
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -171,22 +149,25 @@ def _maxpool_indices(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, col_m
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _global_pool(x, is_max, out):
-    # x (R, S) -> out (R,); float64 accumulation for the mean
+def _global_max(x, out):
+    # x (R, S) -> out (R,)
     r_, s_ = x.shape
     for r in range(r_):
         row = x[r]
-        if is_max:
-            m = row[0]
-            for i in range(1, s_):
-                if row[i] > m:
-                    m = row[i]
-            out[r] = m
-        else:
-            acc = 0.0
-            for i in range(s_):
-                acc += row[i]
-            out[r] = acc / s_
+        m = row[0]
+        for i in range(1, s_):
+            if row[i] > m:
+                m = row[i]
+        out[r] = m
+
+
+def _global_pool(x: np.ndarray, is_max: bool, out: np.ndarray) -> None:
+    """``x (R, S) -> out (R,)``: the maximum, or the mean with a float64 sum (numpy: nothing to
+    compile for the global average every classifier ends with)."""
+    if is_max:
+        _global_max(x, out)
+    else:
+        np.divide(x.sum(axis=1, dtype=np.float64), x.shape[1], out=out, casting="unsafe")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -245,8 +226,9 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
                      + spec.alloc.arange(kshape[i])[None, :] * dil[i])
                 lo, hi = (-pb[i], in_sp[i] + pe[i]) if count_include_pad else (0, in_sp[i])
                 counts.append(((o >= lo) & (o < hi)).sum(axis=1).astype(np.float64))
-            counts = [spec.alloc.ones(1)] * (3 - nd) + counts
-            g["counts"] = counts
+            cd, ch, cw = [spec.alloc.ones(1)] * (3 - nd) + counts
+            # the divisor per output position, multiplied in the order the kernels used
+            g["divisor"] = (cd[:, None, None] * ch[None, :, None]) * cw[None, None, :]
         return g
 
     k3, s3, d3 = pad3(kshape, 1), pad3(strides, 1), pad3(dil, 1)
@@ -278,7 +260,10 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
             if k3[0] == 1 and s3[0] == 1 and x5.shape[2] == 1:  # 1-D and 2-D: separable passes
 
                 def chunk(i):
-                    _pool_separable(x5, k3[1], k3[2], s3[1], s3[2], d3[1], d3[2], ph, pw, is_max, init, out, *planes[i])
+                    p0, p1 = planes[i]
+                    rows = spec.alloc.empty((p1 - p0, x5.shape[3], ow), dt)
+                    _pool_separable(x5, k3[1], k3[2], s3[1], s3[2], d3[1], d3[2], ph, pw, is_max, init, out, p0, p1,
+                                    rows)
             else:
 
                 def chunk(i):
@@ -286,8 +271,7 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
 
             threads.parallel_for(chunk, len(planes))
             if not is_max:
-                cd, ch, cw = g["counts"]
-                _divide(out, cd, ch, cw)
+                np.divide(out, g["divisor"], out=out, casting="unsafe")  # float64 quotient, rounded once
         shape = x.shape[:2] + tuple(g["out_sp"])
         y = out.reshape(shape)
         if y.dtype != x.dtype:

@@ -17,6 +17,7 @@ from byoc.progress import active as progress_active
 from byoc.progress import phase as progress_phase
 from byoc.progress import ticking as progress_ticking
 from byoc.runtime.control import CancelHandle, controlled
+from byoc.runtime.jithelpers import first_run as jit_first_run
 from byoc.runtime.plan import InputSpec, Plan, check_feeds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,15 +100,17 @@ class CompiledModel:
             if chosen is not self:
                 return chosen.run(feeds)
         checked = check_feeds(self._plan.input_specs(), feeds, self.budget)
-        if self._warm or not progress_active():
-            self._warm = True
+        if self._warm:
             return self._plan.execute(checked)
+        self._warm = True
+        # a host-only plan's first run compiles its kernels in helper processes too (jithelpers)
+        execute = self._plan.execute if self.targets else lambda c: jit_first_run(lambda: self._plan.execute(c))
+        if not progress_active():
+            return execute(checked)
         # shown only while a front end listens (byoc.progress): one unit per step
         with progress_phase("first run (Numba compiles or loads the kernels)", total=len(self._plan.steps)) as task, \
                 progress_ticking(self._plan, task):
-            out = self._plan.execute(checked)
-        self._warm = True
-        return out
+            return execute(checked)
 
     def run_batch(self, feeds: Iterable[Mapping[str, np.ndarray]], *, batch_size: int = 1,
                   timeout: float | None = None, cancel: "CancelHandle | None" = None) -> Iterator[dict[str, np.ndarray]]:
