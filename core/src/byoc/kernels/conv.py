@@ -383,6 +383,77 @@ def _conv_direct(x, w, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw
                                             dst[j] += wv * src[j * sw + offw]
 
 
+_U = np.uint64  # unsigned indices: Numba skips negative-index wraparound, so LLVM vectorises
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _direct2d(x, xo, c, h, w, wt, wo, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, bias, has_bias, y, yo):
+    """Output channels ``[m0, m1)`` of a 1-D/2-D grouped convolution (depthwise and other thin
+    groups) of one image on flat buffers: ``x[xo:]`` holds ``(c, h, w)``, ``wt[wo:]`` the
+    weights ``(m, cg, kh, kw)``, ``y[yo:]`` receives ``(m, oh, ow)``.
+
+    Each input plane is copied once, zero-padded, into ``sh x sw`` stride-phase planes (row
+    ``r``, column ``q`` of phase ``(ph, pw)`` is padded pixel ``(r*sh + ph, q*sw + pw)``), so
+    every kernel tap reads one phase plane at a fixed offset: one long contiguous multiply-add
+    over all output rows at once (computed on the phase width; the few extra columns are
+    dropped when the result is written), nothing inside it tests a border. Sums run bias, then
+    channels, then taps in order (the same order as :func:`_conv_direct`)."""
+    groups = c // cg
+    mg = m // groups
+    wq = ow + ((kw - 1) * dw) // sw
+    hq = oh + ((kh - 1) * dh) // sh
+    plane = hq * wq
+    xp = np.empty(sh * sw * plane, y.dtype)
+    acc = np.empty(oh * wq, y.dtype)
+    zero = y.dtype.type(0)
+    loaded = -1
+    span = (oh - 1) * wq + ow
+    for mo in range(m0, m1):
+        gi = mo // mg
+        b0 = bias[mo] if has_bias else zero
+        for t in range(oh * wq):
+            acc[_U(t)] = b0
+        for ci in range(cg):
+            cin = gi * cg + ci
+            if cin != loaded:  # depthwise with a channel multiplier reuses the loaded plane
+                loaded = cin
+                src = xo + cin * h * w
+                for p in range(sh * sw):
+                    prow, pcol = p // sw, p % sw
+                    lo, hi = _valid_range(wq, sw, pcol - pl, w)
+                    for r in range(hq):
+                        d = p * plane + r * wq
+                        ih = r * sh + prow - pt
+                        if ih < 0 or ih >= h:
+                            for q in range(wq):
+                                xp[_U(d + q)] = zero
+                            continue
+                        s = src + ih * w + pcol - pl
+                        for q in range(lo):
+                            xp[_U(d + q)] = zero
+                        if sw == 1:
+                            for q in range(lo, hi):
+                                xp[_U(d + q)] = x[_U(s + q)]
+                        else:
+                            for q in range(lo, hi):
+                                xp[_U(d + q)] = x[_U(s + q * sw)]
+                        for q in range(hi, wq):
+                            xp[_U(d + q)] = zero
+            wbase = wo + (mo * cg + ci) * kh * kw
+            for a in range(kh):
+                ra = a * dh
+                for b in range(kw):
+                    wv = wt[_U(wbase + a * kw + b)]
+                    cb = b * dw
+                    base = ((ra % sh) * sw + cb % sw) * plane + (ra // sh) * wq + cb // sw
+                    for t in range(span):
+                        acc[_U(t)] += wv * xp[_U(base + t)]
+        out = yo + mo * oh * ow
+        for i in range(oh):
+            for j in range(ow):
+                y[_U(out + i * ow + j)] = acc[_U(i * wq + j)]
+
+
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _col2im_add(col, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, id_n, ih_n, iw_n, n, m0, ma, mb, out):
     """ConvTranspose scatter: ``out[n, m0+m, i*s - p + k*d] += col[(m, k), i]`` for ``m`` in
@@ -734,10 +805,18 @@ def make_conv(spec: NodeSpec):
             pd, ph, pw_ = g["pb"]
             w5 = pw.w5
             blocks = split(m, threads.num_threads() * 2)
+            flat = g["nd"] <= 2  # 1-D and 2-D: the flat phase-plane kernel, shared with byoc-cpu
+            xf, wf, of = x5.reshape(-1), w5.reshape(-1), out.reshape(-1)
+            c, h, wd = x5.shape[1], x5.shape[3], x5.shape[4]
 
             def chunk(i):
                 ma, mb = blocks[i]
-                _conv_direct(x5, w5, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw_, ma, mb, out)
+                if not flat:
+                    _conv_direct(x5, w5, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw_, ma, mb, out)
+                    return
+                for n in range(nb):
+                    _direct2d(xf, n * c * h * wd, c, h, wd, wf, 0, m, w5.shape[1], kh, kw, sh, sw, dh, dw, ph, pw_,
+                              oh, ow, ma, mb, bias, has_bias, of, n * m * oh * ow)
 
             threads.parallel_for(chunk, len(blocks))
         elif how == "shift":
@@ -1247,5 +1326,4 @@ def conv_direct(x, xo, c, h, w, wt, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, o
     """Output channels ``[m0, m1)`` of a grouped convolution (``cg`` input channels per group) of
     one image, as a loop nest (depthwise and other thin groups); ``wt`` holds the weights
     ``(m, cg, kh, kw)`` from element 0; no bias."""
-    _conv_direct(_planes(x, xo, c, h, w), wt[:m * cg * kh * kw].reshape(m, cg, 1, kh, kw), _NO_BIAS, False,
-                 c // cg, 1, sh, sw, 1, dh, dw, 0, pt, pl, m0, m1, _planes(y, yo, m, oh, ow))
+    _direct2d(x, xo, c, h, w, wt, 0, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, _NO_BIAS, False, y, yo)
