@@ -672,11 +672,7 @@ class _ConvWeights:
         key = f"_wino{m}"
         u = getattr(self, key, None)
         if u is None:
-            gm = np.asarray(_WINO[m][1], dtype=np.float64)
-            g, mg = self.group, self.mg
-            w = self.w5[:, :, 0].astype(np.float64).reshape((g, mg) + self.w5.shape[1:2] + self.w5.shape[3:])
-            u = np.einsum("ik,gmckl,jl->gijmc", gm, w, gm)
-            u = np.ascontiguousarray(u.reshape(g, (m + 2) ** 2, mg, -1), dtype=self.w5.dtype)
+            u = winograd_weights(self.w5[:, :, 0], m, self.group)
             setattr(self, key, u)
         return u
 
@@ -955,12 +951,22 @@ def _im2col_strided(x5, pw: _ConvWeights, g, outr, max_rows, bias):
 
 
 def _winograd(x5, pw: _ConvWeights, g, bias, out):
+    u = pw.wino(g["wm"])
+    _, pt, pl = g["pb"]
+
+    def gemm(gi, e, a, b, c):
+        pw.gemm(("wino", g["wm"], gi, e), a, b, c, parallel=False, init=True)
+
+    _wino_run(x5, u, pw.group, g["cg"], g["mg"], g["wm"], pt, pl, gemm, bias, out)
+
+
+def _wino_run(x5, u, group, cg, mg, mt, pt, pl, gemm, bias, out):
+    """Winograd F(mt x mt, 3 x 3) of ``x5`` (N, C, 1, H, W) into ``out`` (N, M, 1, OH, OW) with
+    Winograd-domain weights ``u`` (G, alpha^2, Mg, Cg) and ``gemm(gi, e, a, b, c)`` computing
+    ``c = a @ b``: input transform, alpha^2 GEMMs and output transform, each over the pool."""
     nb = x5.shape[0]
     dt = x5.dtype
-    cg, mg = g["cg"], g["mg"]
-    mt = g["wm"]
     a = mt + 2
-    _, pt, pl = g["pb"]
     oh, ow = out.shape[3:]
     th, tw = -(-oh // mt), -(-ow // mt)
     hp, wp = th * mt + 2, tw * mt + 2
@@ -970,11 +976,10 @@ def _winograd(x5, pw: _ConvWeights, g, bias, out):
     xp = threads.scratch("conv.pad", (cg, nb * hp * wp), dt)
     v = threads.scratch("conv.wino_v", (a * a, cg, ntiles), dt)
     mo = threads.scratch("conv.wino_m", (a * a, mg, ntiles), dt)
-    u = pw.wino(mt)
     nt = threads.num_threads()
     cblocks = split(cg, 2 * nt)
     mblocks = split(mg, 2 * nt)
-    for gi in range(pw.group):
+    for gi in range(group):
         c0 = gi * cg
 
         def in_chunk(i, c0=c0):
@@ -986,7 +991,7 @@ def _winograd(x5, pw: _ConvWeights, g, bias, out):
         ug = u[gi]
 
         def gemm_chunk(e, ug=ug, gi=gi):
-            pw.gemm(("wino", mt, gi, e), ug[e], v[e], mo[e], parallel=False, init=True)
+            gemm(gi, e, ug[e], v[e], mo[e])
 
         threads.parallel_for(gemm_chunk, a * a)
 
@@ -1320,6 +1325,39 @@ def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co) 
 def subsample(x, xo, c, h, w, sh, sw, oh, ow, y, yo) -> None:
     """``y[ci, i, j] = x[ci, i*sh, j*sw]`` (a 1x1 convolution's strides)."""
     _subsample(_planes(x, xo, c, h, w), 1, sh, sw, 1, oh, ow, _planes(y, yo, c, oh, ow))
+
+
+def winograd_weights(w: np.ndarray, mt: int, group: int = 1) -> np.ndarray:
+    """Winograd-domain weights ``G g G^T`` of 3x3 weights ``w`` (M, Cg, 3, 3) for F(mt x mt, 3 x 3)
+    (``mt`` 2 or 4), computed in float64: an array (G, alpha^2, M/G, Cg) of ``w``'s dtype."""
+    gm = np.asarray(_WINO[mt][1], dtype=np.float64)
+    m, cg = w.shape[:2]
+    w64 = np.asarray(w, dtype=np.float64).reshape(group, m // group, cg, 3, 3)
+    u = np.einsum("ik,gmckl,jl->gijmc", gm, w64, gm)
+    return np.ascontiguousarray(u.reshape(group, (mt + 2) ** 2, m // group, cg), dtype=w.dtype)
+
+
+def winograd_side(oh: int, ow: int) -> int:
+    """The Winograd tile (2 or 4) for an output of ``oh x ow``, 0 where it is too small to pay."""
+    side = min(oh, ow)
+    return 4 if side >= _WINO_MIN_SIDE[4] else 2 if side >= _WINO_MIN_SIDE[2] else 0
+
+
+def winograd(x, xo, c, h, w, u, m, pt, pl, oh, ow, mt, y, yo) -> None:
+    """3x3 stride-1 convolution of one image by Winograd F(mt x mt, 3 x 3), on flat float32
+    buffers: ``x[xo:]`` holds ``(c, h, w)``, ``y[yo:]`` receives ``(m, oh, ow)`` (no bias),
+    ``u`` is :func:`winograd_weights` of the weights (group 1); padding ``pt``/``pl`` before the
+    input, the rest after it (at most 2 each side; ``h + pt - 2 <= oh <= h + pt``, likewise for
+    the width). BLAS GEMMs; input transform, GEMMs and output transform each split over the
+    pool (call it from the main thread, not from inside a :func:`byoc.kernels.threads.parallel_for`
+    chunk)."""
+
+    def gemm(gi, e, a_, b_, c_):
+        matmul_into(a_, b_, c_, 1.0, 0.0, False)
+
+    zero_bias = threads.scratch("conv.zero_bias", (m,), y.dtype)
+    zero_bias[:] = 0
+    _wino_run(_planes(x, xo, c, h, w), u, 1, c, m, mt, pt, pl, gemm, zero_bias, _planes(y, yo, m, oh, ow))
 
 
 def conv_direct(x, xo, c, h, w, wt, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, y, yo) -> None:
