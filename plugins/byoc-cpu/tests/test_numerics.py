@@ -364,12 +364,13 @@ def test_lrn_matches_the_spec(size, beta):
 @pytest.mark.parametrize("n, side, pads", [(1, 42, [1, 1, 1, 1]), (2, 44, [0, 2, 2, 0]), (1, 9, [1, 1, 1, 1])])
 def test_winograd_with_epilogue_matches_onnxruntime(n, side, pads):
     """3x3 stride-1 convolutions through the core's Winograd: F(4x4) from a 40-pixel output side
-    (chosen by "auto" where the GEMMs are OpenBLAS's), F(2x2) below (forced)."""
+    (chosen by "auto" where the GEMMs are OpenBLAS's and channels in x out reach 64 x 128), F(2x2)
+    below (forced)."""
     from byoc.kernels.gemm import FULL_WIDTH
 
     rng = np.random.default_rng(side)
-    c, m = 16, 24
-    inits = {"W": (rng.standard_normal((m, c, 3, 3)) / 12).astype(np.float32),
+    c, m = (64, 128) if side >= 40 else (16, 24)
+    inits = {"W": (rng.standard_normal((m, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32),
              "B": rng.standard_normal(m).astype(np.float32)}
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[3, 3], pads=pads),
              helper.make_node("Relu", ["c"], ["y"])]

@@ -48,6 +48,9 @@ DIRECT_MAX_CG = 8
 #: 3x3 stride-1 convolutions with at least this many input and output channels use Winograd
 #: where the GEMMs are OpenBLAS's (the core's threshold)
 WINOGRAD_MIN_CHANNELS = 8
+#: ... and in x out channels from this many, or an output side from WINOGRAD_ANY_CM_SIDE
+WINOGRAD_MIN_CM = 64 * 128
+WINOGRAD_ANY_CM_SIDE = 112
 #: the shift strategy needs this many channels per group, and a bounded padded-width waste
 SHIFT_MIN_CG = 16
 SHIFT_MAX_WASTE = 1.5
@@ -819,10 +822,12 @@ class Lowering:
         if pointwise:
             return "pointwise"
         if (winograd_ok and side == 4 and not FULL_WIDTH and p["cg"] >= WINOGRAD_MIN_CHANNELS
-                and p["m"] >= WINOGRAD_MIN_CHANNELS and forced == "auto"):
+                and p["m"] >= WINOGRAD_MIN_CHANNELS and forced == "auto"
+                and (p["cg"] * p["m"] >= WINOGRAD_MIN_CM or min(p["oh"], p["ow"]) >= WINOGRAD_ANY_CM_SIDE)):
             # OpenBLAS's GEMMs (no full-width micro-kernel on this CPU) on large planes: F(4x4, 3x3)
             # does 4x fewer multiplications than the shift strategy's taps (VGG-19: 1.6x faster);
-            # F(2x2, 3x3) on smaller planes measured slower than shift (ResNet-50's 28x28, 14x14)
+            # F(2x2, 3x3) on smaller planes measured slower than shift (ResNet-50's 28x28, 14x14),
+            # and so did 64 -> 64 channels at 56x56 (its transforms weigh as much as its GEMMs)
             return "winograd"
         if shift_ok and p["cg"] >= SHIFT_MIN_CG and waste_ok:
             return "shift"
