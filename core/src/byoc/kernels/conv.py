@@ -63,6 +63,8 @@ _SHIFT_MIN_CHANNELS = 16
 _SHIFT_MAX_WASTE = 1.5
 # grouped convolutions with fewer channels per group than this run the direct loop nest
 _DIRECT_MAX_CHANNELS = 8
+# ... and split over the pool from this many multiply-adds
+_DIRECT_PAR_MIN_MACS = 1 << 23
 # 3x3 stride-1 convolutions with at least this many input and output channels per group use
 # Winograd: F(2x2, 3x3) from an output side of _WINO_MIN_SIDE[2], F(4x4, 3x3) from _WINO_MIN_SIDE[4].
 # Only where the GEMM is OpenBLAS's (float64, a CPU without AVX-512, or BYOC_OWN_GEMM=0): with byoc's own float32 GEMM
@@ -800,7 +802,10 @@ def make_conv(spec: NodeSpec):
             dd, dh, dw = g["d"]
             pd, ph, pw_ = g["pb"]
             w5 = pw.w5
-            blocks = split(m, threads.num_threads() * 2)
+            macs = nb * m * od * oh * ow * w5.shape[1] * kd * kh * kw
+            # a hand-off to the pool pays from ~8M multiply-adds (measured for byoc-cpu, issue 4):
+            # ShuffleNet's depthwise layers (0.1-2M) run on the calling thread
+            blocks = split(m, threads.num_threads() * 2) if macs >= _DIRECT_PAR_MIN_MACS else [(0, m)]
             flat = g["nd"] <= 2  # 1-D and 2-D: the flat phase-plane kernel, shared with byoc-cpu
             xf, wf, of = x5.reshape(-1), w5.reshape(-1), out.reshape(-1)
             c, h, wd = x5.shape[1], x5.shape[3], x5.shape[4]
