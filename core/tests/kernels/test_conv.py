@@ -136,6 +136,10 @@ def test_conv_each_strategy(how, monkeypatch):
         ((1, 24, 9, 13), (8, 24, 3, 5), {"pads": [0, 2, 1, 1], "dilations": [2, 1]}),
         # 1x1 with padding: the zero border gets the bias
         ((1, 4, 5, 5), (3, 4, 1, 1), {"pads": [1, 0, 1, 2]}),
+        # 3-D, one output depth read from the depth padding, strided in H/W (found by hypothesis:
+        # the strided 2-D path read input depth 0 instead)
+        ((1, 5, 1, 1, 1), (1, 5, 1, 1, 1), {"strides": [2, 1, 2], "pads": [1, 0, 0, 0, 0, 0]}),
+        ((1, 3, 2, 5, 6), (2, 3, 1, 2, 2), {"strides": [3, 2, 2], "pads": [1, 0, 1, 0, 0, 0]}),
     ],
 )
 def test_conv_regressions(xshape, wshape, attrs):

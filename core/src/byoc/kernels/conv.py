@@ -876,7 +876,7 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out, bias):
     outr = out.reshape(nb, out.shape[1], -1)
     nt = threads.num_threads()
     max_rows = max(1, _COL_BLOCK // max(1, krows * ow))
-    if kd == 1 and od == 1 and (sh > 1 or sw > 1):
+    if kd == 1 and od == 1 and pd == 0 and (sh > 1 or sw > 1):  # the strided path reads input depth 0
         _im2col_strided(x5, pw, g, outr, max_rows, bias)
         return
     if nt > 1 and s_out >= 512 * nt:
