@@ -54,6 +54,13 @@ WINOGRAD_ANY_CM_SIDE = 112
 #: the shift strategy needs this many channels per group, and a bounded padded-width waste
 SHIFT_MIN_CG = 16
 SHIFT_MAX_WASTE = 1.5
+#: where the GEMMs are OpenBLAS's (no full-width micro-kernel) the shift strategy is one
+#: OpenBLAS call per tap with K = channels, which packs the operands anew each time: with at
+#: most 64 input channels (K <= 64 per call) and at least twice as many output channels,
+#: im2col's single K = taps x channels product measured faster (byoc-cpu, interleaved, CPU
+#: time: SqueezeNet's expand layers -5 to -10% of the model in five runs, Inception v1 -3 to
+#: -16%); ResNet-50's 64 -> 64 layers measured 5% slower as im2col and keep shift
+SHIFT_BLAS_MIN_CG = 65
 
 #: work below which a GEMM, or elements below which a loop, runs as one piece: handing a chunk
 #: to a pool thread costs tens of microseconds (its wake-up), as much as ~8M multiply-adds
@@ -829,7 +836,8 @@ class Lowering:
             # F(2x2, 3x3) on smaller planes measured slower than shift (ResNet-50's 28x28, 14x14),
             # and so did 64 -> 64 channels at 56x56 (its transforms weigh as much as its GEMMs)
             return "winograd"
-        if shift_ok and p["cg"] >= SHIFT_MIN_CG and waste_ok:
+        blas_shift_ok = FULL_WIDTH or p["cg"] >= SHIFT_BLAS_MIN_CG or p["m"] // p["group"] < 2 * p["cg"]
+        if shift_ok and p["cg"] >= SHIFT_MIN_CG and waste_ok and blas_shift_ok:
             return "shift"
         return "im2col"
 
