@@ -332,3 +332,17 @@ def test_depthwise_with_channel_multiplier_matches_onnxruntime(attrs):
     w = rng.standard_normal((2 * g, 24 // g, 3, 3)).astype(np.float32)
     b = rng.standard_normal(2 * g).astype(np.float32)
     check("Conv", [x, w, b], attrs, oracle=run_onnxruntime)
+
+
+def test_depthwise_with_hostile_geometry_keeps_to_the_loop_nest():
+    # pads and dilations that would make the stride-phase planes ~10x the input and output: the
+    # loop nest (no work buffers) runs instead, with the same result
+    from byoc.kernels.conv import direct2d_fits
+
+    assert not direct2d_fits(3, 3, 3, 3, 1, 1, 200, 200, 203, 203)
+    assert direct2d_fits(28, 28, 3, 3, 2, 2, 1, 1, 14, 14)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 2, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((2, 1, 3, 3)).astype(np.float32)
+    check("Conv", [x, w], {"group": 2, "pads": [300, 300, 300, 300], "dilations": [200, 200]},
+          oracle=run_onnxruntime)

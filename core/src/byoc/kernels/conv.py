@@ -806,7 +806,9 @@ def make_conv(spec: NodeSpec):
             # a hand-off to the pool pays from ~8M multiply-adds (measured for byoc-cpu, issue 4):
             # ShuffleNet's depthwise layers (0.1-2M) run on the calling thread
             blocks = split(m, threads.num_threads() * 2) if macs >= _DIRECT_PAR_MIN_MACS else [(0, m)]
-            flat = g["nd"] <= 2  # 1-D and 2-D: the flat phase-plane kernel, shared with byoc-cpu
+            # 1-D and 2-D: the flat phase-plane kernel, shared with byoc-cpu (unless huge strides,
+            # dilations or pads would make its planes much larger than the input and output)
+            flat = g["nd"] <= 2 and direct2d_fits(x5.shape[3], x5.shape[4], kh, kw, sh, sw, dh, dw, oh, ow)
             xf, wf, of = x5.reshape(-1), w5.reshape(-1), out.reshape(-1)
             c, h, wd = x5.shape[1], x5.shape[3], x5.shape[4]
 
@@ -1365,8 +1367,21 @@ def winograd(x, xo, c, h, w, u, m, pt, pl, oh, ow, mt, y, yo) -> None:
     _wino_run(_planes(x, xo, c, h, w), u, 1, c, m, mt, pt, pl, gemm, zero_bias, _planes(y, yo, m, oh, ow))
 
 
+def direct2d_fits(h, w, kh, kw, sh, sw, dh, dw, oh, ow) -> bool:
+    """Whether the flat direct kernel's stride-phase planes stay within a few times the input
+    and output planes (hostile pads, strides or dilations can make them arbitrarily large; the
+    loop nest then runs instead, which allocates nothing)."""
+    hq = oh + ((kh - 1) * dh) // sh
+    wq = ow + ((kw - 1) * dw) // sw
+    return sh * sw * hq * wq <= 4 * (h * w + oh * ow) + 4096
+
+
 def conv_direct(x, xo, c, h, w, wt, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, y, yo) -> None:
     """Output channels ``[m0, m1)`` of a grouped convolution (``cg`` input channels per group) of
     one image, as a loop nest (depthwise and other thin groups); ``wt`` holds the weights
     ``(m, cg, kh, kw)`` from element 0; no bias."""
+    if not direct2d_fits(h, w, kh, kw, sh, sw, dh, dw, oh, ow):
+        _conv_direct(_planes(x, xo, c, h, w), wt[:m * cg * kh * kw].reshape(m, cg, 1, kh, kw), _NO_BIAS, False,
+                     c // cg, 1, sh, sw, 1, dh, dw, 0, pt, pl, m0, m1, _planes(y, yo, m, oh, ow))
+        return
     _direct2d(x, xo, c, h, w, wt, 0, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, _NO_BIAS, False, y, yo)
