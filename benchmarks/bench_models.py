@@ -1,19 +1,25 @@
 """byoc vs onnxruntime on the model-zoo architectures from the onnx wheel, side by side.
 
-Every model gets seeded random weights (``byoc.testing.zoo``). For each engine, in this one
-process: compile/session time, the first run ("cold": JIT or cache load, allocations) and the
-median of the following warm runs. Ratios are byoc / onnxruntime (lower is better for byoc).
+Every model gets seeded random weights (``byoc.testing.zoo``). For each model, in this one
+process: onnxruntime, byoc host-only and each ``--targets`` set are built, run once ("cold":
+JIT or cache load, allocations), then timed **interleaved**: every repeat runs each engine once,
+round-robin (ort, host, cpu, ort, host, cpu, ...; the starting engine rotates), so a load drift
+from other processes hits all engines alike. Each engine gets the same number of threads
+(``--threads``, default 2: onnxruntime's intra-op pool, byoc's ``BYOC_NUM_THREADS``). Reported:
+median wall time, median CPU time of the process (all threads) per run, the wall ratio
+byoc / onnxruntime (lower is better for byoc), and the geometric mean of the ratios.
 
     python benchmarks/bench_models.py                       # all nine, host only
     python benchmarks/bench_models.py -m resnet50 -r 20
-    python benchmarks/bench_models.py --targets cpu         # a plugin target vs host vs onnxruntime
-    python benchmarks/bench_models.py --json results.json
+    python benchmarks/bench_models.py -t cpu                # a plugin target vs host vs onnxruntime
+    python benchmarks/bench_models.py -t cpu --json results.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -22,19 +28,8 @@ import time
 import numpy as np
 
 
-def _time_runs(fn, runs: int) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    fn()
-    cold = time.perf_counter() - t0
-    samples = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return cold, statistics.median(samples)
-
-
-def bench_model(name: str, runs: int, target_sets: list[list[str]]) -> dict:
+def _engines(name: str, target_sets: list[list[str]], threads: int) -> tuple[list[tuple[str, object]], dict]:
+    """(label, run-callable) per engine, onnxruntime first, and the build facts."""
     import onnxruntime as ort
 
     import byoc
@@ -42,29 +37,53 @@ def bench_model(name: str, runs: int, target_sets: list[list[str]]) -> dict:
 
     model = load_zoo(name)
     feeds = zoo_inputs(model)
-    row: dict = {"model": name}
-
+    info: dict = {"model": name}
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
     t0 = time.perf_counter()
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    row["ort_session_s"] = time.perf_counter() - t0
-    ort_out = sess.run(None, feeds)[0]
-    row["ort_cold_s"], row["ort_warm_s"] = _time_runs(lambda: sess.run(None, feeds), runs)
-
+    info["ort_build_s"] = time.perf_counter() - t0
+    engines: list[tuple[str, object]] = [("ort", lambda: sess.run(None, feeds)[0])]
     for targets in target_sets:
         key = "+".join(targets) or "host"
         t0 = time.perf_counter()
         compiled = byoc.compile(model, targets=targets)
-        row[f"{key}_compile_s"] = time.perf_counter() - t0
+        info[f"{key}_build_s"] = time.perf_counter() - t0
+        info[f"{key}_regions"] = len(compiled.regions)
         out_name = compiled.output_names[0]
-        cold, warm = _time_runs(lambda c=compiled: c.run(feeds), runs)
-        out = compiled.run(feeds)[out_name]
-        row[f"{key}_cold_s"], row[f"{key}_warm_s"] = cold, warm
-        row[f"{key}_ratio"] = warm / row["ort_warm_s"]
-        denom = np.maximum(np.abs(ort_out), 1e-6)
-        row[f"{key}_max_rel_err"] = float(np.max(np.abs(out - ort_out) / denom))
-        row[f"{key}_regions"] = len(compiled.regions)
+        engines.append((key, lambda c=compiled, o=out_name: c.run(feeds)[o]))
+    return engines, info
+
+
+def bench_model(name: str, runs: int, target_sets: list[list[str]], threads: int = 2) -> dict:
+    """One row: per engine cold time, median warm wall and CPU time, ratio to onnxruntime."""
+    engines, row = _engines(name, target_sets, threads)
+    ref = None
+    for label, fn in engines:
+        t0 = time.perf_counter()
+        out = fn()
+        row[f"{label}_cold_s"] = time.perf_counter() - t0
+        if ref is None:
+            ref = out
+        else:
+            denom = np.maximum(np.abs(ref), 1e-6)
+            row[f"{label}_max_rel_err"] = float(np.max(np.abs(out - ref) / denom))
+    wall: dict[str, list[float]] = {label: [] for label, _ in engines}
+    cpu: dict[str, list[float]] = {label: [] for label, _ in engines}
+    for r in range(runs):
+        for i in range(len(engines)):
+            label, fn = engines[(r + i) % len(engines)]
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn()
+            wall[label].append(time.perf_counter() - t0)
+            cpu[label].append(time.process_time() - c0)
+    for label, _ in engines:
+        row[f"{label}_warm_s"] = statistics.median(wall[label])
+        row[f"{label}_cpu_s"] = statistics.median(cpu[label])
+    for label, _ in engines[1:]:
+        row[f"{label}_ratio"] = row[f"{label}_warm_s"] / row["ort_warm_s"]
     return row
 
 
@@ -73,29 +92,39 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-m", "--model", action="append", choices=sorted(ZOO), help="model(s); default all nine")
-    parser.add_argument("-r", "--runs", type=int, default=10, help="warm runs per engine (median reported)")
+    parser.add_argument("-r", "--runs", type=int, default=10, help="interleaved repeats (median reported)")
     parser.add_argument("-t", "--targets", action="append", default=None,
                         help="comma-separated target list to compare besides host-only (repeatable)")
+    parser.add_argument("--threads", type=int, default=2, help="threads per engine (default 2)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = parser.parse_args(argv)
+    # byoc's pool size is read when the kernels are imported: set it before importing byoc
+    os.environ["BYOC_NUM_THREADS"] = str(args.threads)
 
     target_sets = [[]] + [[t for t in s.split(",") if t] for s in (args.targets or [])]
-    rows = []
     names = args.model or list(ZOO)
     cols = ["+".join(t) or "host" for t in target_sets]
-    print(f"byoc vs onnxruntime, {os.cpu_count()} cores, warm = median of {args.runs} runs (ms)")
-    head = f"{'model':<14}{'ort cold':>10}{'ort warm':>10}"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"byoc vs onnxruntime, {os.cpu_count()} cores, {args.threads} threads per engine, load {load:.1f}; "
+          f"interleaved, median of {args.runs} (ms; cpu = process CPU time per run)")
+    head = f"{'model':<14}{'ort':>9}{'ort cpu':>9}"
     for c in cols:
-        head += f"{c + ' cmpl':>12}{c + ' cold':>12}{c + ' warm':>12}{'ratio':>8}"
+        head += f"{c:>9}{c + ' cpu':>10}{'ratio':>7}"
     print(head)
+    rows = []
     for name in names:
-        row = bench_model(name, args.runs, target_sets)
+        row = bench_model(name, args.runs, target_sets, args.threads)
         rows.append(row)
-        line = f"{name:<14}{row['ort_cold_s'] * 1e3:>10.1f}{row['ort_warm_s'] * 1e3:>10.1f}"
+        line = f"{name:<14}{row['ort_warm_s'] * 1e3:>9.1f}{row['ort_cpu_s'] * 1e3:>9.1f}"
         for c in cols:
-            line += (f"{row[f'{c}_compile_s'] * 1e3:>12.0f}{row[f'{c}_cold_s'] * 1e3:>12.1f}"
-                     f"{row[f'{c}_warm_s'] * 1e3:>12.1f}{row[f'{c}_ratio']:>8.2f}")
+            line += f"{row[f'{c}_warm_s'] * 1e3:>9.1f}{row[f'{c}_cpu_s'] * 1e3:>10.1f}{row[f'{c}_ratio']:>7.2f}"
         print(line, flush=True)
+    if len(rows) > 1:
+        line = f"{'geomean':<14}{'':>18}"
+        for c in cols:
+            g = math.exp(statistics.fmean(math.log(r[f"{c}_ratio"]) for r in rows))
+            line += f"{'':>19}{g:>7.2f}"
+        print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -41,7 +41,7 @@ ALLOCATORS = {
 
 # (module, function): why a direct numpy allocation there is bounded without a check of its own
 ALLOWED = {
-    ("conv.py", "wino"): "Winograd weights: a fixed multiple of the constant weight tensor",
+    ("conv.py", "winograd_weights"): "Winograd weights: a fixed multiple of the constant weight tensor",
     ("conv.py", "_phase_shift"): "row offsets: one per input channel and tap of the weights",
     ("conv.py", "_shift"): "row offsets: one per input channel and tap of the weights",
     ("elementwise.py", "binary"): "the broadcast output, checked by plan_for before the call",

@@ -136,6 +136,10 @@ def test_conv_each_strategy(how, monkeypatch):
         ((1, 24, 9, 13), (8, 24, 3, 5), {"pads": [0, 2, 1, 1], "dilations": [2, 1]}),
         # 1x1 with padding: the zero border gets the bias
         ((1, 4, 5, 5), (3, 4, 1, 1), {"pads": [1, 0, 1, 2]}),
+        # 3-D, one output depth read from the depth padding, strided in H/W (found by hypothesis:
+        # the strided 2-D path read input depth 0 instead)
+        ((1, 5, 1, 1, 1), (1, 5, 1, 1, 1), {"strides": [2, 1, 2], "pads": [1, 0, 0, 0, 0, 0]}),
+        ((1, 3, 2, 5, 6), (2, 3, 1, 2, 2), {"strides": [3, 2, 2], "pads": [1, 0, 1, 0, 0, 0]}),
     ],
 )
 def test_conv_regressions(xshape, wshape, attrs):
@@ -270,3 +274,75 @@ def test_conv_kernel_is_thread_safe():
         got = list(ex.map(lambda v: compiled.run({"in0": v})["out0"], inputs * 3))
     for i, g in enumerate(got):
         np.testing.assert_array_equal(g, expected[i % len(inputs)])
+
+
+@st.composite
+def thin_group_geometry(draw):
+    groups = draw(st.integers(1, 6))
+    cg = draw(st.integers(1, 3))
+    mult = draw(st.integers(1, 3))
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    pt, pl = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    pb, pr = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    h = draw(st.integers(max(1, (kh - 1) * dh + 1 - pt - pb), 13))
+    w = draw(st.integers(max(1, (kw - 1) * dw + 1 - pl - pr), 13))
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    return groups, cg, mult, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, h, w, dtype
+
+
+@settings(max_examples=60, deadline=None)
+@given(thin_group_geometry(), st.integers(0, 2**31 - 1))
+def test_flat_direct_kernel_matches_the_loop_nest(geom, seed):
+    # the flat stride-phase kernel (host 1-D/2-D grouped convolutions and byoc-cpu's conv_direct)
+    # sums in the loop nest's order: bit-identical, every output written, nothing outside it
+    from byoc.kernels.conv import _conv_direct, _direct2d
+
+    groups, cg, mult, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, h, w, dtype = geom
+    c, m = groups * cg, groups * mult
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(c * h * w).astype(dtype)
+    wt = rng.standard_normal(m * cg * kh * kw).astype(dtype)
+    bias = rng.standard_normal(m).astype(dtype)
+    want = np.zeros((1, m, 1, oh, ow), dtype)
+    _conv_direct(x.reshape(1, c, 1, h, w), wt.reshape(m, cg, 1, kh, kw), bias, True, groups, 1, sh, sw, 1, dh, dw,
+                 0, pt, pl, 0, m, want)
+    m0 = int(rng.integers(0, m))
+    m1 = int(rng.integers(m0 + 1, m + 1))
+    got = np.full(5 + m * oh * ow + 3, np.nan, dtype)
+    _direct2d(x, 0, c, h, w, wt, 0, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, bias, True, got, 5)
+    body = got[5:5 + m * oh * ow].reshape(m, oh, ow)
+    np.testing.assert_array_equal(body[m0:m1], want[0, m0:m1, 0])
+    assert np.isnan(body[:m0]).all() and np.isnan(body[m1:]).all()
+    assert np.isnan(got[:5]).all() and np.isnan(got[-3:]).all()
+
+
+@pytest.mark.parametrize("attrs", [
+    {"group": 24, "pads": [1, 1, 1, 1], "strides": [2, 2]},
+    {"group": 24, "pads": [2, 1, 0, 2], "dilations": [2, 1]},
+    {"group": 8, "pads": [1, 1, 1, 1], "strides": [3, 1]},
+])
+def test_depthwise_with_channel_multiplier_matches_onnxruntime(attrs):
+    rng = np.random.default_rng(3)
+    g = attrs["group"]
+    x = rng.standard_normal((2, 24, 15, 12)).astype(np.float32)
+    w = rng.standard_normal((2 * g, 24 // g, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(2 * g).astype(np.float32)
+    check("Conv", [x, w, b], attrs, oracle=run_onnxruntime)
+
+
+def test_depthwise_with_hostile_geometry_keeps_to_the_loop_nest():
+    # pads and dilations that would make the stride-phase planes ~10x the input and output: the
+    # loop nest (no work buffers) runs instead, with the same result
+    from byoc.kernels.conv import direct2d_fits
+
+    assert not direct2d_fits(3, 3, 3, 3, 1, 1, 200, 200, 203, 203)
+    assert direct2d_fits(28, 28, 3, 3, 2, 2, 1, 1, 14, 14)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 2, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((2, 1, 3, 3)).astype(np.float32)
+    check("Conv", [x, w], {"group": 2, "pads": [300, 300, 300, 300], "dilations": [200, 200]},
+          oracle=run_onnxruntime)

@@ -140,7 +140,7 @@ def conv_models(draw):
     elif act is not None:
         nodes.append(helper.make_node(act, [cur], ["y"]))
         cur = "y"
-    strategy = draw(st.sampled_from(["auto", "auto", "im2col", "shift", "direct"]))
+    strategy = draw(st.sampled_from(["auto", "auto", "im2col", "shift", "direct", "winograd"]))
     return make_model(nodes, inputs, [cur], inits), feeds, strategy
 
 
@@ -359,3 +359,46 @@ def test_lrn_matches_the_spec(size, beta):
     _, got, want = run_both(model, {"x": x})
     assert_close(got, [spec], rtol=1e-5, atol=1e-6)
     assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n, side, pads", [(1, 42, [1, 1, 1, 1]), (2, 44, [0, 2, 2, 0]), (1, 9, [1, 1, 1, 1])])
+def test_winograd_with_epilogue_matches_onnxruntime(n, side, pads):
+    """3x3 stride-1 convolutions through the core's Winograd: F(4x4) from a 40-pixel output side
+    (chosen by "auto" where the GEMMs are OpenBLAS's and channels in x out reach 64 x 128), F(2x2)
+    below (forced)."""
+    from byoc.kernels.gemm import FULL_WIDTH
+
+    rng = np.random.default_rng(side)
+    c, m = (64, 128) if side >= 40 else (16, 24)
+    inits = {"W": (rng.standard_normal((m, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32),
+             "B": rng.standard_normal(m).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[3, 3], pads=pads),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, {"x": (n, c, side, side)}, ["y"], inits)
+    feeds = {"x": rng.standard_normal((n, c, side, side)).astype(np.float32)}
+    strategy = "auto" if side >= 40 else "winograd"
+    cpu = compile_cpu(model, conv_strategy=strategy)
+    kinds = {s["kind"] for s in _flat(cpu.regions[0].artifact.metadata["program"]["steps"])}
+    assert ("winograd" in kinds) == (strategy == "winograd" or not FULL_WIDTH)
+    assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+    again = compile_cpu(model, conv_strategy=strategy)  # the weights' Winograd form is per loaded program
+    assert_close(again.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+def test_verifier_refuses_a_winograd_step_outside_its_buffers():
+    import copy
+
+    from byoc_cpu.verify import ProgramError, verify
+
+    rng = np.random.default_rng(0)
+    inits = {"W": rng.standard_normal((8, 8, 3, 3)).astype(np.float32)}
+    model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+                       {"x": (1, 8, 12, 12)}, ["y"], inits)
+    program = compile_cpu(model, conv_strategy="winograd").regions[0].artifact.metadata["program"]
+    verify(program)
+    (path,) = [i for i, s in enumerate(program["steps"]) if s["kind"] == "winograd"]
+    for arg, value in ((4, 3), (6, 15), (7, 9), (8, 3), (3, 9), (0, 9)):  # pt, oh, ow, tile, m, c
+        bad = copy.deepcopy(program)
+        bad["steps"][path]["args"][arg] = value
+        with pytest.raises(ProgramError):
+            verify(bad)

@@ -63,6 +63,8 @@ _SHIFT_MIN_CHANNELS = 16
 _SHIFT_MAX_WASTE = 1.5
 # grouped convolutions with fewer channels per group than this run the direct loop nest
 _DIRECT_MAX_CHANNELS = 8
+# ... and split over the pool from this many multiply-adds
+_DIRECT_PAR_MIN_MACS = 1 << 23
 # 3x3 stride-1 convolutions with at least this many input and output channels per group use
 # Winograd: F(2x2, 3x3) from an output side of _WINO_MIN_SIDE[2], F(4x4, 3x3) from _WINO_MIN_SIDE[4].
 # Only where the GEMM is OpenBLAS's (float64, a CPU without AVX-512, or BYOC_OWN_GEMM=0): with byoc's own float32 GEMM
@@ -392,6 +394,77 @@ def _conv_direct(x, w, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw
                                             dst[j] += wv * src[j * sw + offw]
 
 
+_U = np.uint64  # unsigned indices: Numba skips negative-index wraparound, so LLVM vectorises
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _direct2d(x, xo, c, h, w, wt, wo, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, bias, has_bias, y, yo):
+    """Output channels ``[m0, m1)`` of a 1-D/2-D grouped convolution (depthwise and other thin
+    groups) of one image on flat buffers: ``x[xo:]`` holds ``(c, h, w)``, ``wt[wo:]`` the
+    weights ``(m, cg, kh, kw)``, ``y[yo:]`` receives ``(m, oh, ow)``.
+
+    Each input plane is copied once, zero-padded, into ``sh x sw`` stride-phase planes (row
+    ``r``, column ``q`` of phase ``(ph, pw)`` is padded pixel ``(r*sh + ph, q*sw + pw)``), so
+    every kernel tap reads one phase plane at a fixed offset: one long contiguous multiply-add
+    over all output rows at once (computed on the phase width; the few extra columns are
+    dropped when the result is written), nothing inside it tests a border. Sums run bias, then
+    channels, then taps in order (the same order as :func:`_conv_direct`)."""
+    groups = c // cg
+    mg = m // groups
+    wq = ow + ((kw - 1) * dw) // sw
+    hq = oh + ((kh - 1) * dh) // sh
+    plane = hq * wq
+    xp = np.empty(sh * sw * plane, y.dtype)
+    acc = np.empty(oh * wq, y.dtype)
+    zero = y.dtype.type(0)
+    loaded = -1
+    span = (oh - 1) * wq + ow
+    for mo in range(m0, m1):
+        gi = mo // mg
+        b0 = bias[mo] if has_bias else zero
+        for t in range(oh * wq):
+            acc[_U(t)] = b0
+        for ci in range(cg):
+            cin = gi * cg + ci
+            if cin != loaded:  # depthwise with a channel multiplier reuses the loaded plane
+                loaded = cin
+                src = xo + cin * h * w
+                for p in range(sh * sw):
+                    prow, pcol = p // sw, p % sw
+                    lo, hi = _valid_range(wq, sw, pcol - pl, w)
+                    for r in range(hq):
+                        d = p * plane + r * wq
+                        ih = r * sh + prow - pt
+                        if ih < 0 or ih >= h:
+                            for q in range(wq):
+                                xp[_U(d + q)] = zero
+                            continue
+                        s = src + ih * w + pcol - pl
+                        for q in range(lo):
+                            xp[_U(d + q)] = zero
+                        if sw == 1:
+                            for q in range(lo, hi):
+                                xp[_U(d + q)] = x[_U(s + q)]
+                        else:
+                            for q in range(lo, hi):
+                                xp[_U(d + q)] = x[_U(s + q * sw)]
+                        for q in range(hi, wq):
+                            xp[_U(d + q)] = zero
+            wbase = wo + (mo * cg + ci) * kh * kw
+            for a in range(kh):
+                ra = a * dh
+                for b in range(kw):
+                    wv = wt[_U(wbase + a * kw + b)]
+                    cb = b * dw
+                    base = ((ra % sh) * sw + cb % sw) * plane + (ra // sh) * wq + cb // sw
+                    for t in range(span):
+                        acc[_U(t)] += wv * xp[_U(base + t)]
+        out = yo + mo * oh * ow
+        for i in range(oh):
+            for j in range(ow):
+                y[_U(out + i * ow + j)] = acc[_U(i * wq + j)]
+
+
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _col2im_add(col, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, id_n, ih_n, iw_n, n, m0, ma, mb, out):
     """ConvTranspose scatter: ``out[n, m0+m, i*s - p + k*d] += col[(m, k), i]`` for ``m`` in
@@ -610,11 +683,7 @@ class _ConvWeights:
         key = f"_wino{m}"
         u = getattr(self, key, None)
         if u is None:
-            gm = np.asarray(_WINO[m][1], dtype=np.float64)
-            g, mg = self.group, self.mg
-            w = self.w5[:, :, 0].astype(np.float64).reshape((g, mg) + self.w5.shape[1:2] + self.w5.shape[3:])
-            u = np.einsum("ik,gmckl,jl->gijmc", gm, w, gm)
-            u = np.ascontiguousarray(u.reshape(g, (m + 2) ** 2, mg, -1), dtype=self.w5.dtype)
+            u = winograd_weights(self.w5[:, :, 0], m, self.group)
             setattr(self, key, u)
         return u
 
@@ -745,11 +814,24 @@ def make_conv(spec: NodeSpec):
             dd, dh, dw = g["d"]
             pd, ph, pw_ = g["pb"]
             w5 = pw.w5
-            blocks = split(m, threads.num_threads() * 2)
+            macs = nb * m * od * oh * ow * w5.shape[1] * kd * kh * kw
+            # a hand-off to the pool pays from ~8M multiply-adds (measured for byoc-cpu, issue 4):
+            # ShuffleNet's depthwise layers (0.1-2M) run on the calling thread
+            blocks = split(m, threads.num_threads() * 2) if macs >= _DIRECT_PAR_MIN_MACS else [(0, m)]
+            # 1-D and 2-D: the flat phase-plane kernel, shared with byoc-cpu (unless huge strides,
+            # dilations or pads would make its planes much larger than the input and output)
+            flat = g["nd"] <= 2 and direct2d_fits(x5.shape[3], x5.shape[4], kh, kw, sh, sw, dh, dw, oh, ow)
+            xf, wf, of = x5.reshape(-1), w5.reshape(-1), out.reshape(-1)
+            c, h, wd = x5.shape[1], x5.shape[3], x5.shape[4]
 
             def chunk(i):
                 ma, mb = blocks[i]
-                _conv_direct(x5, w5, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw_, ma, mb, out)
+                if not flat:
+                    _conv_direct(x5, w5, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw_, ma, mb, out)
+                    return
+                for n in range(nb):
+                    _direct2d(xf, n * c * h * wd, c, h, wd, wf, 0, m, w5.shape[1], kh, kw, sh, sw, dh, dw, ph, pw_,
+                              oh, ow, ma, mb, bias, has_bias, of, n * m * oh * ow)
 
             threads.parallel_for(chunk, len(blocks))
         elif how == "shift":
@@ -808,7 +890,7 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out, bias):
     outr = out.reshape(nb, out.shape[1], -1)
     nt = threads.num_threads()
     max_rows = max(1, _COL_BLOCK // max(1, krows * ow))
-    if kd == 1 and od == 1 and (sh > 1 or sw > 1):
+    if kd == 1 and od == 1 and pd == 0 and (sh > 1 or sw > 1):  # the strided path reads input depth 0
         _im2col_strided(x5, pw, g, outr, max_rows, bias)
         return
     if nt > 1 and s_out >= 512 * nt:
@@ -888,12 +970,22 @@ def _im2col_strided(x5, pw: _ConvWeights, g, outr, max_rows, bias):
 
 
 def _winograd(x5, pw: _ConvWeights, g, bias, out):
+    u = pw.wino(g["wm"])
+    _, pt, pl = g["pb"]
+
+    def gemm(gi, e, a, b, c):
+        pw.gemm(("wino", g["wm"], gi, e), a, b, c, parallel=False, init=True)
+
+    _wino_run(x5, u, pw.group, g["cg"], g["mg"], g["wm"], pt, pl, gemm, bias, out)
+
+
+def _wino_run(x5, u, group, cg, mg, mt, pt, pl, gemm, bias, out):
+    """Winograd F(mt x mt, 3 x 3) of ``x5`` (N, C, 1, H, W) into ``out`` (N, M, 1, OH, OW) with
+    Winograd-domain weights ``u`` (G, alpha^2, Mg, Cg) and ``gemm(gi, e, a, b, c)`` computing
+    ``c = a @ b``: input transform, alpha^2 GEMMs and output transform, each over the pool."""
     nb = x5.shape[0]
     dt = x5.dtype
-    cg, mg = g["cg"], g["mg"]
-    mt = g["wm"]
     a = mt + 2
-    _, pt, pl = g["pb"]
     oh, ow = out.shape[3:]
     th, tw = -(-oh // mt), -(-ow // mt)
     hp, wp = th * mt + 2, tw * mt + 2
@@ -903,11 +995,10 @@ def _winograd(x5, pw: _ConvWeights, g, bias, out):
     xp = threads.scratch("conv.pad", (cg, nb * hp * wp), dt)
     v = threads.scratch("conv.wino_v", (a * a, cg, ntiles), dt)
     mo = threads.scratch("conv.wino_m", (a * a, mg, ntiles), dt)
-    u = pw.wino(mt)
     nt = threads.num_threads()
     cblocks = split(cg, 2 * nt)
     mblocks = split(mg, 2 * nt)
-    for gi in range(pw.group):
+    for gi in range(group):
         c0 = gi * cg
 
         def in_chunk(i, c0=c0):
@@ -919,7 +1010,7 @@ def _winograd(x5, pw: _ConvWeights, g, bias, out):
         ug = u[gi]
 
         def gemm_chunk(e, ug=ug, gi=gi):
-            pw.gemm(("wino", mt, gi, e), ug[e], v[e], mo[e], parallel=False, init=True)
+            gemm(gi, e, ug[e], v[e], mo[e])
 
         threads.parallel_for(gemm_chunk, a * a)
 
@@ -1255,9 +1346,54 @@ def subsample(x, xo, c, h, w, sh, sw, oh, ow, y, yo) -> None:
     _subsample(_planes(x, xo, c, h, w), 1, sh, sw, 1, oh, ow, _planes(y, yo, c, oh, ow))
 
 
+def winograd_weights(w: np.ndarray, mt: int, group: int = 1) -> np.ndarray:
+    """Winograd-domain weights ``G g G^T`` of 3x3 weights ``w`` (M, Cg, 3, 3) for F(mt x mt, 3 x 3)
+    (``mt`` 2 or 4), computed in float64: an array (G, alpha^2, M/G, Cg) of ``w``'s dtype."""
+    gm = np.asarray(_WINO[mt][1], dtype=np.float64)
+    m, cg = w.shape[:2]
+    w64 = np.asarray(w, dtype=np.float64).reshape(group, m // group, cg, 3, 3)
+    u = np.einsum("ik,gmckl,jl->gijmc", gm, w64, gm)
+    return np.ascontiguousarray(u.reshape(group, (mt + 2) ** 2, m // group, cg), dtype=w.dtype)
+
+
+def winograd_side(oh: int, ow: int) -> int:
+    """The Winograd tile (2 or 4) for an output of ``oh x ow``, 0 where it is too small to pay."""
+    side = min(oh, ow)
+    return 4 if side >= _WINO_MIN_SIDE[4] else 2 if side >= _WINO_MIN_SIDE[2] else 0
+
+
+def winograd(x, xo, c, h, w, u, m, pt, pl, oh, ow, mt, y, yo) -> None:
+    """3x3 stride-1 convolution of one image by Winograd F(mt x mt, 3 x 3), on flat float32
+    buffers: ``x[xo:]`` holds ``(c, h, w)``, ``y[yo:]`` receives ``(m, oh, ow)`` (no bias),
+    ``u`` is :func:`winograd_weights` of the weights (group 1); padding ``pt``/``pl`` before the
+    input, the rest after it (at most 2 each side; ``h + pt - 2 <= oh <= h + pt``, likewise for
+    the width). BLAS GEMMs; input transform, GEMMs and output transform each split over the
+    pool (call it from the main thread, not from inside a :func:`byoc.kernels.threads.parallel_for`
+    chunk)."""
+
+    def gemm(gi, e, a_, b_, c_):
+        matmul_into(a_, b_, c_, 1.0, 0.0, False)
+
+    zero_bias = threads.scratch("conv.zero_bias", (m,), y.dtype)
+    zero_bias[:] = 0
+    _wino_run(_planes(x, xo, c, h, w), u, 1, c, m, mt, pt, pl, gemm, zero_bias, _planes(y, yo, m, oh, ow))
+
+
+def direct2d_fits(h, w, kh, kw, sh, sw, dh, dw, oh, ow) -> bool:
+    """Whether the flat direct kernel's stride-phase planes stay within a few times the input
+    and output planes (hostile pads, strides or dilations can make them arbitrarily large; the
+    loop nest then runs instead, which allocates nothing)."""
+    hq = oh + ((kh - 1) * dh) // sh
+    wq = ow + ((kw - 1) * dw) // sw
+    return sh * sw * hq * wq <= 4 * (h * w + oh * ow) + 4096
+
+
 def conv_direct(x, xo, c, h, w, wt, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, y, yo) -> None:
     """Output channels ``[m0, m1)`` of a grouped convolution (``cg`` input channels per group) of
     one image, as a loop nest (depthwise and other thin groups); ``wt`` holds the weights
     ``(m, cg, kh, kw)`` from element 0; no bias."""
-    _conv_direct(_planes(x, xo, c, h, w), wt[:m * cg * kh * kw].reshape(m, cg, 1, kh, kw), _NO_BIAS, False,
-                 c // cg, 1, sh, sw, 1, dh, dw, 0, pt, pl, m0, m1, _planes(y, yo, m, oh, ow))
+    if not direct2d_fits(h, w, kh, kw, sh, sw, dh, dw, oh, ow):
+        _conv_direct(_planes(x, xo, c, h, w), wt[:m * cg * kh * kw].reshape(m, cg, 1, kh, kw), _NO_BIAS, False,
+                     c // cg, 1, sh, sw, 1, dh, dw, 0, pt, pl, m0, m1, _planes(y, yo, m, oh, ow))
+        return
+    _direct2d(x, xo, c, h, w, wt, 0, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, _NO_BIAS, False, y, yo)

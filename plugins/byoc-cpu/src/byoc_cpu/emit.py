@@ -65,6 +65,7 @@ FIXED: dict[str, tuple[str, tuple]] = {
     "im2col": ("K.im2col", ("x", 14, "y")),
     "subsample": ("K.subsample", ("x", 7, "y")),
     "conv_direct": ("K.conv_direct", ("x", 3, "W", 14, "y")),
+    "winograd": ("K.winograd", ("x", 3, "W", 6, "y")),
     "maxpool": ("K.maxpool2d", ("x", 13, "y")),
     "avgpool": ("K.avgpool2d", ("x", 14, "y")),
     "gpool": ("K.global_pool", ("x", 3, "y")),

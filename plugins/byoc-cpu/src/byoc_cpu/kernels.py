@@ -14,12 +14,15 @@ spinning beside OpenBLAS's makes both slower.
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 
 import numba
 import numpy as np
 
 # the window geometry and the convolution drivers are the core's (one copy, byoc.kernels.conv);
 # re-exported here under the names the generated code calls
+from byoc.kernels import conv as _conv
 from byoc.kernels.conv import conv_direct, im2col, pad_planes, subsample, valid_range
 
 #: indices are cast to unsigned: Numba then skips its negative-index wraparound, which would
@@ -188,7 +191,32 @@ def copy_blocks(src, so, s_stride, dst, do, d_stride, nblocks, blen):
             dst[U(d + k)] = src[U(s + k)]
 
 
+_wino_lock = threading.Lock()
+_wino_cache: dict[int, np.ndarray] = {}
+
+
+def _forget(key: int) -> None:
+    _wino_cache.pop(key, None)
+
+
+def winograd(x, xo, c, h, w, wt, m, pt, pl, oh, ow, mt, y, yo) -> None:
+    """3x3 stride-1 convolution by the core's Winograd (:func:`byoc.kernels.conv.winograd`);
+    ``wt`` is the constant weight array ``(m, c, 3, 3)`` of a loaded program. Its Winograd form
+    is computed on the first call and kept while ``wt`` lives (keyed by the array object, and
+    dropped when it is collected, so a later array at the same address never finds it)."""
+    key = id(wt)
+    u = _wino_cache.get(key)
+    if u is None:
+        with _wino_lock:
+            u = _wino_cache.get(key)
+            if u is None:
+                u = _conv.winograd_weights(wt[:m * c * 9].reshape(m, c, 3, 3), mt)
+                weakref.finalize(wt, _forget, key)
+                _wino_cache[key] = u
+    _conv.winograd(x, xo, c, h, w, u, m, pt, pl, oh, ow, mt, y, yo)
+
+
 __all__ = [
     "avgpool2d", "conv_direct", "copy_blocks", "global_pool", "im2col", "lrn", "maxpool2d", "pad_planes",
-    "softmax_rows", "subsample",
+    "softmax_rows", "subsample", "winograd",
 ]

@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from byoc.kernels.conv import winograd_side
+from byoc.kernels.gemm import FULL_WIDTH
 from byoc_cpu import ops
 from byoc_cpu.options import DEFAULTS
 from byoc_cpu.ops import OpInfo, Unsupported
@@ -43,9 +45,22 @@ ALIGN = 16
 COL_BLOCK = 1 << 22
 #: grouped convolutions with fewer input channels per group run the direct loop nest
 DIRECT_MAX_CG = 8
+#: 3x3 stride-1 convolutions with at least this many input and output channels use Winograd
+#: where the GEMMs are OpenBLAS's (the core's threshold)
+WINOGRAD_MIN_CHANNELS = 8
+#: ... and in x out channels from this many, or an output side from WINOGRAD_ANY_CM_SIDE
+WINOGRAD_MIN_CM = 64 * 128
+WINOGRAD_ANY_CM_SIDE = 112
 #: the shift strategy needs this many channels per group, and a bounded padded-width waste
 SHIFT_MIN_CG = 16
 SHIFT_MAX_WASTE = 1.5
+#: where the GEMMs are OpenBLAS's (no full-width micro-kernel) the shift strategy is one
+#: OpenBLAS call per tap with K = channels, which packs the operands anew each time: with at
+#: most 64 input channels (K <= 64 per call) and at least twice as many output channels,
+#: im2col's single K = taps x channels product measured faster (byoc-cpu, interleaved, CPU
+#: time: SqueezeNet's expand layers -5 to -10% of the model in five runs, Inception v1 -3 to
+#: -16%); ResNet-50's 64 -> 64 layers measured 5% slower as im2col and keep shift
+SHIFT_BLAS_MIN_CG = 65
 
 #: work below which a GEMM, or elements below which a loop, runs as one piece: handing a chunk
 #: to a pool thread costs tens of microseconds (its wake-up), as much as ~8M multiply-adds
@@ -679,13 +694,9 @@ class Lowering:
 
         pre: list[dict[str, Any]] = []
         chunks: list[list[dict[str, Any]]] = []
-        if strategy == "direct":
-            wref = self.pack(wt)
+        if strategy in ("winograd", "direct"):
             raw = epilogue((tn, out_strides))
-            for m0, m1 in split(m, 2 * nt if nt > 1 else 1, 1):
-                chunks.append([{"kind": "conv_direct", "x": xn, "w": wref, "y": tn,
-                                "args": [c, h, w, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1]}]
-                              + epi(raw, 0, m0, m1))
+            pre, chunks = self._by_channels(strategy, p, xn, tn, self.pack(wt), raw, nt, epi)
         else:
             if strategy == "shift":
                 # one indirect GEMM per group over the zero-padded input: K = taps x channels,
@@ -738,7 +749,7 @@ class Lowering:
                 else:  # narrow: blocks of output channels
                     for m0, m1 in split(m, nt, 8):
                         chunks.append([gemm(0, m0, m1, 0, ncols)] + epi(raw, 0, m0, m1))
-        body = _par(pre) + _par(chunks)
+        body = (pre if strategy == "winograd" else _par(pre)) + _par(chunks)
         info = {"node": node.name, "strategy": strategy}
         if n == 1:
             for st in body:
@@ -748,6 +759,22 @@ class Lowering:
             steps = [{"kind": "batch", "count": n, "steps": body}]
         steps[0]["info"] = info
         return steps
+
+    def _by_channels(self, strategy: str, p, xn: Ref, tn: Ref, wref: Ref, raw, nt: int, epi):
+        """(pre, chunks) of a convolution computed per output channel block: ``direct`` (each
+        chunk its channels, then their epilogue) or ``winograd`` (one core call that splits its
+        transforms and GEMMs over the pool itself, then the epilogue in channel blocks; the weights
+        stay as they are: the kernel transforms them once per loaded program)."""
+        c, h, w, m = p["c"], p["h"], p["w"], p["m"]
+        pt, pl, oh, ow = p["pt"], p["pl"], p["oh"], p["ow"]
+        blocks = split(m, 2 * nt if nt > 1 else 1, 1)
+        if strategy == "winograd":
+            pre = [{"kind": "winograd", "x": xn, "w": wref, "y": tn,
+                    "args": [c, h, w, m, pt, pl, oh, ow, winograd_side(oh, ow)]}]
+            return pre, ([] if raw is None else [epi(raw, 0, m0, m1) for m0, m1 in blocks])
+        geo = [c, h, w, m, p["cg"], p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"], pt, pl, oh, ow]
+        return [], [[{"kind": "conv_direct", "x": xn, "w": wref, "y": tn, "args": geo + [m0, m1]}] + epi(raw, 0, m0, m1)
+                    for m0, m1 in blocks]
 
     def rows(self, segments: list[list[int]]) -> int:
         """A row table of an indirect GEMM: ``[start, count, stride]`` runs of B's rows."""
@@ -784,7 +811,13 @@ class Lowering:
         shift_ok = p["sh"] == 1 and p["sw"] == 1 and p["kh"] * p["kw"] > 1
         wp = p["w"] + p["pl"] + p["pr"]
         waste_ok = p["oh"] * wp <= SHIFT_MAX_WASTE * p["oh"] * p["ow"]
+        side = winograd_side(p["oh"], p["ow"])
+        winograd_ok = (p["kh"] == 3 and p["kw"] == 3 and p["sh"] == 1 and p["sw"] == 1 and p["dh"] == 1
+                       and p["dw"] == 1 and p["group"] == 1 and max(p["pt"], p["pl"], p["pb"], p["pr"]) <= 2
+                       and side > 0)
         forced = self.options["conv_strategy"]
+        if forced == "winograd" and winograd_ok:
+            return "winograd"
         if forced == "direct":
             return "direct"
         if forced == "im2col":
@@ -795,7 +828,16 @@ class Lowering:
             return "direct"
         if pointwise:
             return "pointwise"
-        if shift_ok and p["cg"] >= SHIFT_MIN_CG and waste_ok:
+        if (winograd_ok and side == 4 and not FULL_WIDTH and p["cg"] >= WINOGRAD_MIN_CHANNELS
+                and p["m"] >= WINOGRAD_MIN_CHANNELS and forced == "auto"
+                and (p["cg"] * p["m"] >= WINOGRAD_MIN_CM or min(p["oh"], p["ow"]) >= WINOGRAD_ANY_CM_SIDE)):
+            # OpenBLAS's GEMMs (no full-width micro-kernel on this CPU) on large planes: F(4x4, 3x3)
+            # does 4x fewer multiplications than the shift strategy's taps (VGG-19: 1.6x faster);
+            # F(2x2, 3x3) on smaller planes measured slower than shift (ResNet-50's 28x28, 14x14),
+            # and so did 64 -> 64 channels at 56x56 (its transforms weigh as much as its GEMMs)
+            return "winograd"
+        blas_shift_ok = FULL_WIDTH or p["cg"] >= SHIFT_BLAS_MIN_CG or p["m"] // p["group"] < 2 * p["cg"]
+        if shift_ok and p["cg"] >= SHIFT_MIN_CG and waste_ok and blas_shift_ok:
             return "shift"
         return "im2col"
 

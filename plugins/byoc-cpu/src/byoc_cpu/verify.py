@@ -23,7 +23,7 @@ _WRITABLE = ("out", "arena")
 _ATTRS = {"alpha", "beta", "gamma", "lo", "hi"}
 _FIXED_SHAPE = {  # kind -> (ints, floats); must agree with emit.FIXED
     "pad": (8, 0), "im2col": (14, 0), "subsample": (7, 0), "conv_direct": (17, 0), "maxpool": (13, 0),
-    "avgpool": (14, 0), "gpool": (3, 0), "softmax": (3, 0), "lrn": (3, 3), "copy": (4, 0),
+    "avgpool": (14, 0), "gpool": (3, 0), "softmax": (3, 0), "lrn": (3, 3), "copy": (4, 0), "winograd": (9, 0),
 }
 
 
@@ -272,7 +272,7 @@ class _Checker:
     def fixed(self, st: dict, where: str, count: int) -> None:
         kind = st["kind"]
         n_int, n_float = _FIXED_SHAPE[kind]
-        keys = {"kind", "x", "y", "args"} | ({"fargs"} if n_float else set()) | ({"w"} if kind == "conv_direct" else set())
+        keys = {"kind", "x", "y", "args"} | ({"fargs"} if n_float else set()) | ({"w"} if kind in _WEIGHTED else set())
         _dict(st, where, keys, {"info"})
         a = [_int(v, f"{where}.args") for v in _list(st["args"], f"{where}.args", n_int)]
         for v in st.get("fargs", []) if n_float else []:
@@ -284,9 +284,8 @@ class _Checker:
         self.ref(st["y"], f"{where}.y", y_ext, count, True)
         if kind == "conv_direct" and not a[15] < a[16] <= a[3]:
             raise _fail(f"{where}.args", "bad output channel range")
-        if kind == "conv_direct":
-            c, _, _, m, cg, kh, kw = a[:7]
-            self.ref(st["w"], f"{where}.w", m * cg * kh * kw, 1, False)
+        if kind in _WEIGHTED:
+            self.ref(st["w"], f"{where}.w", _WEIGHTED[kind](a), 1, False)
             if st["w"][2] != 0 or st["w"][3] != 0:
                 raise _fail(f"{where}.w", "the weight is passed without an offset")
 
@@ -361,9 +360,23 @@ def _copy(a, w):
     return (nblocks - 1) * s_stride + blen, (nblocks - 1) * d_stride + blen
 
 
+def _winograd(a, w):
+    c, h, wd, m, pt, pl, oh, ow, mt = a
+    # the kernel pads into (oh rounded up to mt) + 2 rows: the input must fit there
+    _need(min(c, h, wd, m, oh, ow) >= 1 and mt in (2, 4) and pt <= 2 and pl <= 2
+          and h + pt - 2 <= oh <= h + pt and wd + pl - 2 <= ow <= wd + pl, w, "bad geometry")
+    return c * h * wd, m * oh * ow
+
+
+#: fixed kinds that take a constant weight array (``w``): kind -> elements it reads
+_WEIGHTED = {
+    "conv_direct": lambda a: a[3] * a[4] * a[5] * a[6],  # m * cg * kh * kw
+    "winograd": lambda a: a[3] * a[0] * 9,  # m * c * 3 * 3
+}
+
 _FIXED_EXTENTS = {
     "pad": _pad, "im2col": _im2col, "subsample": _subsample, "conv_direct": _direct, "maxpool": _maxpool,
-    "avgpool": _avgpool, "gpool": _gpool, "softmax": _softmax, "lrn": _lrn, "copy": _copy,
+    "avgpool": _avgpool, "gpool": _gpool, "softmax": _softmax, "lrn": _lrn, "copy": _copy, "winograd": _winograd,
 }
 
 
