@@ -380,7 +380,8 @@ class _Loader:
                 or not isinstance(metadata, dict):
             raise self.fail(f"member {json_name!r}: malformed artifact metadata for region {name!r}")
         artifact = Artifact(meta_json["target"], meta_json["format"], self.members[bin_name], metadata)
-        body = parse_onnx(self.members[onnx_name], onnx_name, self.origin, self.budget, self.members[bin_name])
+        body = parse_onnx(self.members[onnx_name], onnx_name, self.origin, self.budget, self.members[bin_name],
+                          self.reader.spent)
         in_names = [v.name for v in node.inputs if v is not None]
         out_names = [v.name for v in node.outputs]
         if len(in_names) != len(node.inputs) or [v.name for v in body.graph.inputs] != in_names \

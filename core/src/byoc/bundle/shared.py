@@ -93,7 +93,8 @@ def prune_unused(graph: onnx.GraphProto) -> int:
     return dropped
 
 
-def detach(graph: onnx.GraphProto, artifact: bytes | None, fail) -> list[tuple[int, onnx.TensorProto]]:
+def detach(graph: onnx.GraphProto, artifact: bytes | None, fail, budget=None,
+           spent: list[int] | None = None) -> list[tuple[int, onnx.TensorProto]]:
     """Check every reference to ``artifact`` (as :func:`resolve`) and swap each referring
     initializer for a one-element stand-in of its type; returns what :func:`attach` puts back.
     The structural checks then run on a proto without the weights (they would copy them; the
@@ -114,7 +115,7 @@ def detach(graph: onnx.GraphProto, artifact: bytes | None, fail) -> list[tuple[i
     # the bytes are only read once every reference is known to be sound
     resolve_all = onnx.GraphProto()
     resolve_all.initializer.extend(r for _, r in held)
-    resolve(resolve_all, artifact, fail)
+    resolve(resolve_all, artifact, fail, budget, spent)
     return [(i, t) for (i, _), t in zip(held, resolve_all.initializer)]
 
 
@@ -133,9 +134,37 @@ def _itemsize(t: onnx.TensorProto, fail) -> int:
         raise fail(f"initializer {t.name!r}: data type {t.data_type} cannot refer to artifact bytes") from None
 
 
-def resolve(graph: onnx.GraphProto, artifact: bytes | None, fail) -> None:
+def _check_amplification(graph: onnx.GraphProto, fail, budget, spent: list[int] | None) -> None:
+    """Many references may name the same bytes: what they would copy is counted against the
+    budget (each tensor, and every reference of the load together in ``spent``) before any is."""
+    total = 0
+    for t in graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        if info.get("location") != LOCATION:
+            continue
+        try:
+            length = int(info.get("length", "0"))
+        except ValueError:
+            continue  # malformed: resolve says so
+        if budget is not None and length > budget.max_tensor_bytes:
+            raise fail(f"initializer {t.name!r}: {length} bytes referred to, over the budget's "
+                       f"max_tensor_bytes={budget.max_tensor_bytes}")
+        total += max(length, 0)
+    if spent is not None:
+        spent[0] += total
+        total = spent[0]
+    if budget is not None and total > budget.max_total_bytes:
+        raise fail(f"references to artifact bytes would copy {total} bytes, over the budget's "
+                   f"max_total_bytes={budget.max_total_bytes}")
+
+
+def resolve(graph: onnx.GraphProto, artifact: bytes | None, fail, budget=None, spent: list[int] | None = None) -> None:
     """Put back, in place, the bytes of every top-level initializer that refers to ``artifact``.
-    ``fail(message)`` returns the exception to raise for a malformed reference."""
+    ``fail(message)`` returns the exception to raise for a malformed reference; ``budget`` bounds
+    the bytes copied (``spent``: a running total over several graphs)."""
+    _check_amplification(graph, fail, budget, spent)
     for t in graph.initializer:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue

@@ -122,7 +122,7 @@ def _verify_written(proto: onnx.ModelProto, what: str, budget: Budget, artifact:
         if artifact is not None:
             probe = onnx.ModelProto()
             probe.CopyFrom(proto)  # small: the shared weights are references here
-            shared.detach(probe.graph, artifact, fail)
+            shared.detach(probe.graph, artifact, fail, budget)
             proto = probe
         check_onnx(proto, "member", "the bundle being saved", budget)
     except BundleError as exc:
