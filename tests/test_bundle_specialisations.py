@@ -89,6 +89,16 @@ def test_a_model_never_run_saves_its_source_only(tmp_path):
     assert _same(loaded.run(_feeds(3)), cm.run(_feeds(3))) and len(loaded.specializer.cache) == 1
 
 
+def test_weights_are_stored_once(saved):
+    """The source, the base host graph and each specialisation's graphs hold the same weight:
+    the bundle's weight pool (weights.bin) keeps it once and the graphs refer to it."""
+    raw = _model().graph.initializer[0].raw_data
+    holders = sorted(n for n, data in saved.items() if raw in data)
+    assert saved["weights.bin"].count(raw) == 1
+    assert [n for n in holders if n.endswith(".onnx")] == []
+    assert [n for n in holders if n != "weights.bin"] == [n for n in sorted(saved) if n.endswith("artifact.bin")]
+
+
 def test_save_refuses_only_what_cannot_be_specialised_after_loading(tmp_path):
     cm = byoc.compile(_model(), targets=["cpu"])
     cm.run(_feeds(2))
@@ -206,6 +216,8 @@ DAMAGE = {
     "fixed-shape source": (_fixed_source, "not the model's source"),
     "missing spec member": (_drop("specs/0001/compiled.json"), "missing"),
     "missing source": (_drop("source.onnx"), "missing"),
+    "missing weights": (_drop("weights.bin"), "missing"),
+    "short weights": (lambda m: {**m, "weights.bin": m["weights.bin"][:100]}, "outside the weight pool"),
     "extra spec member": (_add("specs/0009/model.onnx"), "unexpected member"),
 }
 

@@ -13,6 +13,7 @@ A model with symbolic input dimensions whose static-shape targets compile per in
 (:mod:`byoc.runtime.specialize`) also holds, with ``compiled.json``'s ``specialisation`` section::
 
     source.onnx                   the model with its symbolic dimensions (shapes first seen after loading)
+    weights.bin                   every large weight of these graphs once (they refer to it: byoc.bundle.shared)
     specs/NNNN/compiled.json      one specialisation (its input shapes are in the section), laid out
     specs/NNNN/model.onnx         like the model itself: compiled.json, model.onnx, regions/...
     specs/NNNN/regions/MMMM/...
@@ -46,6 +47,8 @@ ARTIFACT_BIN = "artifact.bin"
 ARTIFACT_JSON = "artifact.json"
 REGION_ONNX = "region.onnx"
 SOURCE = "source.onnx"
+#: the weight pool of a bundle with specialisations (byoc.bundle.shared.POOL)
+WEIGHTS = "weights.bin"
 SPEC_DIR = "specs/{:04d}/"
 #: more specialisations than this is not a bundle byoc wrote (a target's limit is a small number)
 MAX_SPECIALISATIONS = 4096
@@ -159,6 +162,7 @@ __all__ = [
     "SOURCE",
     "SPEC_DIR",
     "SUFFIX",
+    "WEIGHTS",
     "BundleFallbackWarning",
     "check_member_name",
     "expected_region_members",

@@ -27,6 +27,7 @@ from byoc.bundle.format import (
     MAX_SPECIALISATIONS,
     SOURCE,
     SPEC_DIR,
+    WEIGHTS,
     BundleFallbackWarning,
     expected_region_members,
     region_members,
@@ -225,7 +226,8 @@ class _Loader:
         """The compiled model from its checked ``compiled.json`` (:meth:`_read_compiled`)."""
         self._check_manifest_plugins()
         host_graph = self.prefix + HOST_GRAPH
-        model = parse_onnx(self.members[host_graph], host_graph, self.origin, self.budget)
+        model = parse_onnx(self.members[host_graph], host_graph, self.origin, self.budget,
+                           spent=self.reader.spent, pool=self.reader.pool)
         region_nodes = self._region_nodes(model)
         self._find_unavailable_targets()
         compiled_regions = self._regions(region_nodes)
@@ -381,7 +383,7 @@ class _Loader:
             raise self.fail(f"member {json_name!r}: malformed artifact metadata for region {name!r}")
         artifact = Artifact(meta_json["target"], meta_json["format"], self.members[bin_name], metadata)
         body = parse_onnx(self.members[onnx_name], onnx_name, self.origin, self.budget, self.members[bin_name],
-                          self.reader.spent)
+                          self.reader.spent, self.reader.pool)
         in_names = [v.name for v in node.inputs if v is not None]
         out_names = [v.name for v in node.outputs]
         if len(in_names) != len(node.inputs) or [v.name for v in body.graph.inputs] != in_names \
@@ -456,7 +458,8 @@ class _Specialisations:
         shapes = section["shapes"]
         if not isinstance(shapes, list) or len(shapes) > MAX_SPECIALISATIONS:
             raise fail(f"{where}.shapes is not a list of at most {MAX_SPECIALISATIONS} entries")
-        self.expected = {SOURCE}
+        self.expected = {SOURCE, WEIGHTS}
+        parent.reader.pool = parent.members.get(WEIGHTS)
         self.keys: list[ShapeKey] = []
         self.children: list[_Loader] = []
         for j, entry in enumerate(shapes):
@@ -484,7 +487,8 @@ class _Specialisations:
             _check_shapes(key, scm, lambda m, j=j: p.fail(f"member {SPEC_DIR.format(j) + COMPILED!r}: {m}"))
             cache[key] = scm
             p.host_fallback.update({f"{SPEC_DIR.format(j)}{k}": v for k, v in child.host_fallback.items()})
-        proto = ir.to_proto(parse_onnx(p.members[SOURCE], SOURCE, p.origin, p.budget))
+        proto = ir.to_proto(parse_onnx(p.members[SOURCE], SOURCE, p.origin, p.budget, spent=p.reader.spent,
+                                       pool=p.reader.pool))
         source_inputs = {v.name for v in proto.graph.input}
         if not has_symbolic_inputs(proto) or source_inputs != {s.name for s in base.inputs}:
             raise p.fail(f"member {SOURCE!r}: not the model's source (its inputs {sorted(source_inputs)[:20]} are "
