@@ -78,7 +78,7 @@ def _records_from_json(rows: Any, origin: str) -> dict[str, NodeRecord]:
         if not isinstance(row, dict) or not isinstance(row.get("name"), str) or set(row) - fields:
             raise BundleError(f"{origin}: member {COMPILED!r}: malformed record {str(row)[:200]}")
         verdicts = row.get("verdicts", {})
-        ok = all(isinstance(row.get(k), str) for k in ("name", "op_type", "device") if k in row) and all(
+        ok = all(isinstance(row.get(k), str) for k in ("name", "op_type", "device", "scope") if k in row) and all(
             row.get(k) is None or isinstance(row.get(k), str) for k in ("region", "pattern", "rule", "fallback")
         ) and isinstance(verdicts, dict) and all(v is None or isinstance(v, str) for v in verdicts.values())
         try:
@@ -134,6 +134,43 @@ def _targets_from_json(rows: Any, what: str, origin: str) -> list[Target]:
     if len(set(names)) != len(names):
         raise BundleError(f"{origin}: member {COMPILED!r}: {what}: a target appears twice")
     return targets
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _map_of(value: Any, ok) -> bool:
+    return isinstance(value, dict) and all(ok(v) for v in value.values())
+
+
+def _estimates_ok(value: Any) -> bool:
+    regions = value.get("regions", {}) if isinstance(value, dict) else None
+    return isinstance(value, dict) and _is_number(value.get("total_s", 0)) and _map_of(
+        regions, lambda r: isinstance(r, dict) and isinstance(r.get("target", ""), str)
+        and _map_of(r.get("estimated_s", {}), _is_number))
+
+
+#: what the entries of ``compiled.json``'s options that byoc itself reads back (the report, the
+#: command line) must look like; entries byoc does not know are left alone
+_OPTION_CHECKS = {
+    "targets": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "strict": lambda v: isinstance(v, bool),
+    "placement": lambda v: isinstance(v, str),
+    "shape_policy": lambda v: _map_of(v, lambda x: isinstance(x, str)),
+    "skipped_targets": lambda v: _map_of(v, lambda x: isinstance(x, str)),
+    "calibration": lambda v: isinstance(v, dict) and all(
+        isinstance(v.get(k), int) and not isinstance(v.get(k), bool) for k in ("samples", "tensors"))
+        and isinstance(v.get("schemes", {}), dict),
+    "placement_estimates": _estimates_ok,
+}
+
+
+def _check_options(options: dict[str, Any], fail, member: str) -> None:
+    for key, ok in _OPTION_CHECKS.items():
+        if key in options and not ok(options[key]):
+            raise fail(f"member {member!r}: options.{key} is not what byoc writes "
+                       f"({str(options[key])[:100]!r})")
 
 
 class _QuietFaults:
@@ -262,13 +299,18 @@ class _Loader:
         info = parse_json(members[compiled], compiled, origin)
         where = (compiled, info)
         self.options = require(where, "options", dict, origin)
+        _check_options(self.options, self.fail, compiled)
         self.regions_json = require(where, "regions", list, origin)
         self.expected = {compiled, host_graph} | expected_region_members(len(self.regions_json), prefix)
         self.section = info.get("specialisation")
         if self.section is not None and prefix:
             raise self.fail(f"member {compiled!r}: a specialisation cannot have specialisations of its own")
         self.targets = _targets_from_json(info.get("targets"), "targets", origin)
-        self.faults = _dataclass_list(PluginFault, info.get("faults"), "faults", origin)
+        faults = info.get("faults")
+        if isinstance(faults, list) and not all(isinstance(row, dict) and all(isinstance(v, str) for v in row.values())
+                                                for row in faults):
+            raise self.fail(f"member {compiled!r}: a plugin fault whose fields are not all text")
+        self.faults = _dataclass_list(PluginFault, faults, "faults", origin)
         self.records = _records_from_json(info.get("records"), origin)
         self.target_options = self.options.get("target_options", {})
         if not isinstance(self.target_options, dict):

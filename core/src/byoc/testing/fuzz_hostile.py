@@ -193,7 +193,7 @@ def _mutate_options(rng: random.Random, members: dict[str, bytes]) -> str:
     if not isinstance(options.get("target_options"), dict):  # an earlier mutation replaced it
         options["target_options"] = {}
     topts = options["target_options"]
-    choice = rng.choice(["value", "cache_dir", "unknown_target", "not_a_dict", "drop"])
+    choice = rng.choice(["value", "cache_dir", "unknown_target", "not_a_dict", "drop", "read_back"])
     if choice == "value":
         _entry(topts, "hostile")[rng.choice(["level", "threads", "x"])] = rng.choice(_WEIRD)
     elif choice == "cache_dir":
@@ -202,6 +202,10 @@ def _mutate_options(rng: random.Random, members: dict[str, bytes]) -> str:
         topts[rng.choice(["nope", "", "cpu"])] = rng.choice(_WEIRD)
     elif choice == "not_a_dict":
         options["target_options"] = rng.choice(_WEIRD)
+    elif choice == "read_back":  # entries the report and the command line read back
+        key = rng.choice(["skipped_targets", "calibration", "placement_estimates", "shape_policy", "targets"])
+        options[key] = rng.choice(_WEIRD + [{"regions": {"hostile_0": rng.choice(_WEIRD)}},
+                                           {"samples": rng.choice(_WEIRD), "tensors": 1}, {"hostile": 5}])
     else:
         options.pop("target_options", None)
     members["compiled.json"] = json.dumps(compiled, allow_nan=True).encode()
