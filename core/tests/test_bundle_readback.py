@@ -64,6 +64,18 @@ def test_options_byoc_reads_back_are_checked_when_loading(case):
         _load(_with_options(**BAD_OPTIONS[case]))
 
 
+def test_honest_read_back_options_load():
+    """What byoc writes: placement="cost" estimates (``None`` where a device cannot take a
+    region), a calibration summary, skipped targets."""
+    estimates = {"total_s": 0.5, "regions": {"hostile_0": {"target": "hostile",
+                                                           "estimated_s": {"hostile": 0.1, "host": None}}}}
+    cm = _load(_with_options(placement_estimates=estimates, calibration={"samples": 4, "tensors": 3, "schemes": {}},
+                             skipped_targets={"vitis": "needs calibration"}))
+    assert cm.options["placement_estimates"] == estimates
+    for fmt in FORMATS:
+        cm.report(fmt)
+
+
 def test_unknown_option_entries_are_left_alone():
     cm = _load(_with_options(something_new={"x": [1]}, skipped_targets={"cpu": "not installed"}))
     assert cm.options["something_new"] == {"x": [1]}

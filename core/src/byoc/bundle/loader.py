@@ -148,7 +148,7 @@ def _estimates_ok(value: Any) -> bool:
     regions = value.get("regions", {}) if isinstance(value, dict) else None
     return isinstance(value, dict) and _is_number(value.get("total_s", 0)) and _map_of(
         regions, lambda r: isinstance(r, dict) and isinstance(r.get("target", ""), str)
-        and _map_of(r.get("estimated_s", {}), _is_number))
+        and _map_of(r.get("estimated_s", {}), lambda s: s is None or _is_number(s)))  # None: cannot take it
 
 
 #: what the entries of ``compiled.json``'s options that byoc itself reads back (the report, the
