@@ -126,3 +126,30 @@ def test_a_damaged_bundle_that_loads_also_reports(seed, policy):
                 cm.save(os.path.join(tmp, "again.byoc"))
         except byoc.ByocError:
             pass
+
+
+class _OddArtifact(fh.HostilePlugin):
+    """Returns an artifact whose target or format is not text."""
+
+    def __init__(self, target, fmt):
+        super().__init__("none", "none", 0)
+        self.odd = (target, fmt)
+
+    @byoc.hookimpl
+    def byoc_codegen(self, target, region, options):
+        from byoc.contract import region_model_bytes
+
+        return byoc.Artifact(self.odd[0], self.odd[1], region_model_bytes(region.model))
+
+
+@pytest.mark.parametrize("target,fmt", [(5, "onnx"), (None, "onnx"), ("hostile", b"onnx"), ("hostile", 3)])
+def test_an_artifact_a_bundle_could_not_load_is_a_plugin_fault(tmp_path, target, fmt):
+    """What a bundle records as text must be text when the plugin returns it: otherwise save
+    succeeded and load refused. Now the region falls back to the host with a plugin fault."""
+    plugin = _OddArtifact(target, fmt)
+    reg = fh.registry(plugin)
+    with pytest.warns(UserWarning, match="Artifact.target/format"):
+        cm = byoc.compile(fh.model(), targets=["hostile"], registry=reg)
+    assert cm.regions == [] and any("Artifact.target/format" in f.message for f in cm.faults)
+    cm.save(tmp_path / "m.byoc")
+    byoc.load(tmp_path / "m.byoc", registry=reg).run(fh._feeds())
