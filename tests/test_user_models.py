@@ -187,20 +187,21 @@ def test_node_cases_roundtrip_on_cpu(case):
     assert_roundtrip(case.model, node_case_feeds(case), ["cpu"], case.name)
 
 
-def test_save_refuses_a_model_specialised_at_run_time(tmp_path):
+def test_a_model_specialised_at_run_time_saves_its_specialisations(tmp_path):
     """Found by the exporter corpus (onnxscript model with a symbolic batch, on cpu): cpu generates
     code per input shape, so the compiled model ran cpu code while its bundle held only the
-    host base: other bits after loading. save refuses it and names input_shapes=; with fixed
-    shapes it round-trips bit for bit."""
-    from byoc.errors import BundleError
+    host base: other bits after loading. The bundle now keeps the specialisations (issue 18,
+    class 6): the loaded model runs the same cpu code, bit for bit; fixed shapes round-trip too."""
     from byoc.testing.roundtrip import assert_roundtrip
 
     m = _dynamic_batch_net()
     compiled = byoc.compile(m, targets=["cpu"])
-    with pytest.raises(BundleError, match=r"\['cpu'\].*x \['N'\].*input_shapes="):
-        compiled.save(tmp_path / "m.byoc")
-    assert not (tmp_path / "m.byoc").exists()
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)}
+    before = compiled.run(feeds)
+    compiled.save(tmp_path / "m.byoc")
+    loaded = byoc.load(tmp_path / "m.byoc")
+    assert np.array_equal(loaded.run(feeds)["y"], before["y"])
+    assert [cr.region.target for s in loaded.specializer.cache.values() for cr in s.regions] == ["cpu"]
     assert_roundtrip(m, feeds, ["cpu"], "fixed batch", input_shapes={"N": 2})
 
 

@@ -58,6 +58,10 @@ def validate_artifact(artifact: Any, region: Region) -> Artifact:
         raise TypeError(f"returned {type(artifact).__name__}, expected byoc.contract.Artifact")
     if not isinstance(artifact.data, (bytes, bytearray)):
         raise TypeError(f"Artifact.data is {type(artifact.data).__name__}, expected bytes")
+    if not isinstance(artifact.target, str) or not isinstance(artifact.format, str):
+        # a bundle records both as text and refuses anything else: what saves must load
+        raise TypeError(f"Artifact.target/format are {type(artifact.target).__name__}/"
+                        f"{type(artifact.format).__name__}, expected str")
     meta = dict(artifact.metadata)
     meta.setdefault("inputs", [v.name for v in region.inputs])
     meta.setdefault("outputs", [v.name for v in region.outputs])

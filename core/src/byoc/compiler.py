@@ -160,19 +160,34 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         if has_symbolic_inputs(proto):
             if calibration is not None and any(t.needs_calibration for t in selected):
                 calibration = list(calibration)  # each shape specialisation calibrates again
+            passes = None if passes is None else list(passes)  # read once per specialisation
             settings = _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s)
-
-            def compile_shapes(p: onnx.ModelProto, ts: Sequence[Target]) -> CompiledModel:
-                return compile_model(_load(p, budget, require_kernels=not ts), ts,
-                                     {t.name: dict(options[t.name]) for t in ts}, settings)
-
+            recipe = {"passes": passes, "strict": strict, "placement": placement, "hook_timeout": hook_timeout,
+                      "calibrated": calibration is not None and any(t.needs_calibration for t in selected),
+                      "target_options": {t.name: dict(options[t.name]) for t in selected}}
             stages.finish()
-            return specialise(proto, selected, compile_shapes)
+            return specialise(proto, selected, shape_compiler(options, settings), recipe)
     cm = compile_model(ir_model, selected, options,
                        _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s), stages)
     if skipped:
         cm.options["skipped_targets"] = skipped
     return cm
+
+
+def shape_compiler(options: Mapping[str, Mapping[str, Any]], settings: "_Settings"):
+    """``compile_shapes(proto, targets)``: one compile of a model with concrete input shapes, as
+    :func:`byoc.runtime.specialize.specialise` needs it (also used by a loaded bundle)."""
+    def compile_shapes(p: onnx.ModelProto, ts: Sequence[Target]) -> CompiledModel:
+        return compile_model(_load(p, settings.budget, require_kernels=not ts), ts,
+                             {t.name: dict(options[t.name]) for t in ts}, settings)
+
+    return compile_shapes
+
+
+def settings_from_recipe(registry: Registry | None, budget: Budget, recipe: Mapping[str, Any]) -> "_Settings":
+    """The compile settings a specialiser's ``recipe`` (plain data, see :func:`specialise`) describes."""
+    return _Settings(registry, recipe["passes"], budget, recipe["strict"], recipe["hook_timeout"], None,
+                     recipe["placement"])
 
 
 @dataclass(frozen=True)

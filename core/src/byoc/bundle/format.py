@@ -8,6 +8,15 @@ A bundle is a zip archive with a fixed set of members::
     regions/NNNN/artifact.bin     the vendor artifact's bytes, as the code generator returned them
     regions/NNNN/artifact.json    the artifact's target, format and metadata
     regions/NNNN/region.onnx      the region's original subgraph (runs on the host when its plugin is missing)
+
+A model with symbolic input dimensions whose static-shape targets compile per input shapes
+(:mod:`byoc.runtime.specialize`) also holds, with ``compiled.json``'s ``specialisation`` section::
+
+    source.onnx                   the model with its symbolic dimensions (shapes first seen after loading)
+    weights.bin                   every large weight of these graphs once (they refer to it: byoc.bundle.shared)
+    specs/NNNN/compiled.json      one specialisation (its input shapes are in the section), laid out
+    specs/NNNN/model.onnx         like the model itself: compiled.json, model.onnx, regions/...
+    specs/NNNN/regions/MMMM/...
 """
 
 from __future__ import annotations
@@ -24,7 +33,10 @@ from byoc.errors import BundleError
 
 FORMAT = "byoc-bundle"
 #: 2: a region subgraph may refer to its artifact's bytes for its weights (byoc.bundle.shared)
-FORMAT_VERSION = 2
+#: 3: a model with symbolic input dimensions keeps its per-shape specialisations (SOURCE, SPEC_DIR);
+#: only such a bundle is written as version 3, others stay readable by a byoc that reads version 2
+FORMAT_VERSION = 3
+PLAIN_FORMAT_VERSION = 2
 SUFFIX = ".byoc"
 
 MANIFEST = "manifest.json"
@@ -34,6 +46,12 @@ REGION_DIR = "regions/{:04d}"
 ARTIFACT_BIN = "artifact.bin"
 ARTIFACT_JSON = "artifact.json"
 REGION_ONNX = "region.onnx"
+SOURCE = "source.onnx"
+#: the weight pool of a bundle with specialisations (byoc.bundle.shared.POOL)
+WEIGHTS = "weights.bin"
+SPEC_DIR = "specs/{:04d}/"
+#: more specialisations than this is not a bundle byoc wrote (a target's limit is a small number)
+MAX_SPECIALISATIONS = 4096
 
 #: the manifest is small JSON; anything bigger is not one byoc wrote
 MAX_MANIFEST_BYTES = 16 << 20
@@ -68,15 +86,17 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def region_members(index: int) -> tuple[str, str, str]:
-    base = REGION_DIR.format(index)
+def region_members(index: int, prefix: str = "") -> tuple[str, str, str]:
+    """The members of region ``index`` of the compiled model whose members start with ``prefix``
+    (``""``: the model itself; ``specs/NNNN/``: one of its specialisations)."""
+    base = prefix + REGION_DIR.format(index)
     return f"{base}/{ARTIFACT_BIN}", f"{base}/{ARTIFACT_JSON}", f"{base}/{REGION_ONNX}"
 
 
-def expected_region_members(n_regions: int) -> set[str]:
+def expected_region_members(n_regions: int, prefix: str = "") -> set[str]:
     out = set()
     for i in range(n_regions):
-        out.update(region_members(i))
+        out.update(region_members(i, prefix))
     return out
 
 
@@ -137,8 +157,12 @@ __all__ = [
     "FORMAT_VERSION",
     "HOST_GRAPH",
     "MANIFEST",
+    "MAX_SPECIALISATIONS",
     "REGION_ONNX",
+    "SOURCE",
+    "SPEC_DIR",
     "SUFFIX",
+    "WEIGHTS",
     "BundleFallbackWarning",
     "check_member_name",
     "expected_region_members",

@@ -49,6 +49,10 @@ class Reader:
         self.budget = budget
         self.members: dict[str, bytes] = {}
         self.manifest: dict[str, Any] = {}
+        #: bytes that references to artifact bytes copied so far (every member together, budgeted)
+        self.spent = [0]
+        #: the weight pool (``weights.bin``) of a bundle with specialisations, set by the loader
+        self.pool: bytes | None = None
 
     def error(self, message: str) -> BundleError:
         return BundleError(f"{self.origin}: {message}")
@@ -221,10 +225,12 @@ def require(where: tuple[str, Mapping[str, Any]], key: str, kind: type, origin: 
 
 
 
-def parse_onnx(data: bytes, name: str, origin: str, budget: Budget, artifact: bytes | None = None) -> ir.Model:
+def parse_onnx(data: bytes, name: str, origin: str, budget: Budget, artifact: bytes | None = None,
+               spent: list[int] | None = None, pool: bytes | None = None) -> ir.Model:
     """Parse an ONNX member with the frontend's structural checks; external data is refused,
     except references to ``artifact`` (a region subgraph's weights kept once, in its artifact
-    member: :mod:`byoc.bundle.shared`), whose bytes are put back first."""
+    member: :mod:`byoc.bundle.shared`), whose bytes are put back first, within ``budget``
+    (``spent``: the bytes references of earlier members of the same bundle copied)."""
     def fail(msg: str) -> BundleError:
         return BundleError(f"{origin}: member {name!r}: {msg}")
 
@@ -239,7 +245,7 @@ def parse_onnx(data: bytes, name: str, origin: str, budget: Budget, artifact: by
         raise fail(f"not a readable ONNX protobuf: {type(exc).__name__}: {exc}") from None
     if not proto.HasField("graph"):
         raise fail("the protobuf holds no graph")
-    held = shared.detach(proto.graph, artifact, fail)  # checked; the bytes return after the checks
+    held = shared.detach(proto.graph, artifact, fail, budget, spent, pool)  # checked; the bytes return after the checks
     check_onnx(proto, name, origin, budget)
     shared.attach(proto.graph, held)
     try:

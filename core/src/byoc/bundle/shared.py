@@ -17,11 +17,17 @@ a file, and anything else that claims external data is still refused.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import onnx
 
 #: the ``location`` of a tensor whose bytes are in the region's artifact member
 LOCATION = "byoc:artifact"
+#: the ``location`` of a tensor whose bytes are in the bundle's weight pool (``weights.bin``: a
+#: model with per-shape specialisations stores each weight of its graphs there, once)
+POOL = "byoc:weights"
+_LOCATIONS = (LOCATION, POOL)
 #: smaller initializers are stored inline (the reference would not pay for itself)
 MIN_SHARED_BYTES = 4096
 
@@ -50,16 +56,48 @@ def share(graph: onnx.GraphProto, artifact: bytes) -> int:
         for pos in np.flatnonzero(words == first):
             off = int(pos) * 4
             if artifact[off:off + len(raw)] == raw:
-                length = len(raw)
-                t.ClearField("raw_data")
-                t.data_location = onnx.TensorProto.EXTERNAL
-                del t.external_data[:]
-                for key, value in (("location", LOCATION), ("offset", str(off)), ("length", str(length))):
-                    entry = t.external_data.add()
-                    entry.key, entry.value = key, value
-                saved += length
+                _refer(t, LOCATION, off, len(raw))
+                saved += len(raw)
                 break
     return saved
+
+
+class Pool:
+    """The bytes of ``weights.bin``: each distinct weight once, 4-byte aligned."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self._at: dict[bytes, int] = {}
+
+    def add(self, raw: bytes) -> int:
+        key = hashlib.sha256(raw).digest()
+        if key not in self._at:
+            self.data += bytes(-len(self.data) % 4)
+            self._at[key] = len(self.data)
+            self.data += raw
+        return self._at[key]
+
+
+def share_pool(graph: onnx.GraphProto, pool: Pool) -> int:
+    """Replace, in place, each initializer of ``graph`` (at least :data:`MIN_SHARED_BYTES`, not
+    already a reference) by a reference to its bytes in ``pool``; returns the bytes moved."""
+    moved = 0
+    for t in graph.initializer:
+        raw = _raw(t)
+        if raw is None or len(raw) < MIN_SHARED_BYTES:
+            continue
+        _refer(t, POOL, pool.add(raw), len(raw))
+        moved += len(raw)
+    return moved
+
+
+def _refer(t: onnx.TensorProto, location: str, off: int, length: int) -> None:
+    t.ClearField("raw_data")
+    t.data_location = onnx.TensorProto.EXTERNAL
+    del t.external_data[:]
+    for key, value in (("location", location), ("offset", str(off)), ("length", str(length))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
 
 
 def _names_used(graph: onnx.GraphProto, out: set[str], depth: int = 0) -> None:
@@ -93,7 +131,8 @@ def prune_unused(graph: onnx.GraphProto) -> int:
     return dropped
 
 
-def detach(graph: onnx.GraphProto, artifact: bytes | None, fail) -> list[tuple[int, onnx.TensorProto]]:
+def detach(graph: onnx.GraphProto, artifact: bytes | None, fail, budget=None,
+           spent: list[int] | None = None, pool: bytes | None = None) -> list[tuple[int, onnx.TensorProto]]:
     """Check every reference to ``artifact`` (as :func:`resolve`) and swap each referring
     initializer for a one-element stand-in of its type; returns what :func:`attach` puts back.
     The structural checks then run on a proto without the weights (they would copy them; the
@@ -101,7 +140,7 @@ def detach(graph: onnx.GraphProto, artifact: bytes | None, fail) -> list[tuple[i
     held = []
     for i, t in enumerate(graph.initializer):
         if t.data_location != onnx.TensorProto.EXTERNAL or \
-                {e.key: e.value for e in t.external_data}.get("location") != LOCATION:
+                {e.key: e.value for e in t.external_data}.get("location") not in _LOCATIONS:
             continue
         real = onnx.TensorProto()
         real.CopyFrom(t)
@@ -114,7 +153,7 @@ def detach(graph: onnx.GraphProto, artifact: bytes | None, fail) -> list[tuple[i
     # the bytes are only read once every reference is known to be sound
     resolve_all = onnx.GraphProto()
     resolve_all.initializer.extend(r for _, r in held)
-    resolve(resolve_all, artifact, fail)
+    resolve(resolve_all, artifact, fail, budget, spent, pool)
     return [(i, t) for (i, _), t in zip(held, resolve_all.initializer)]
 
 
@@ -133,30 +172,64 @@ def _itemsize(t: onnx.TensorProto, fail) -> int:
         raise fail(f"initializer {t.name!r}: data type {t.data_type} cannot refer to artifact bytes") from None
 
 
-def resolve(graph: onnx.GraphProto, artifact: bytes | None, fail) -> None:
-    """Put back, in place, the bytes of every top-level initializer that refers to ``artifact``.
-    ``fail(message)`` returns the exception to raise for a malformed reference."""
+def _check_amplification(graph: onnx.GraphProto, fail, budget, spent: list[int] | None) -> None:
+    """Many references may name the same bytes: what they would copy is counted against the
+    budget (each tensor, and every reference of the load together in ``spent``) before any is."""
+    total = 0
     for t in graph.initializer:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {e.key: e.value for e in t.external_data}
-        if info.get("location") != LOCATION:
+        if info.get("location") not in _LOCATIONS:
+            continue
+        try:
+            length = int(info.get("length", "0"))
+        except ValueError:
+            continue  # malformed: resolve says so
+        if budget is not None and length > budget.max_tensor_bytes:
+            raise fail(f"initializer {t.name!r}: {length} bytes referred to, over the budget's "
+                       f"max_tensor_bytes={budget.max_tensor_bytes}")
+        total += max(length, 0)
+    if spent is not None:
+        spent[0] += total
+        total = spent[0]
+    if budget is not None and total > budget.max_total_bytes:
+        raise fail(f"references to artifact bytes would copy {total} bytes, over the budget's "
+                   f"max_total_bytes={budget.max_total_bytes}")
+
+
+def resolve(graph: onnx.GraphProto, artifact: bytes | None, fail, budget=None, spent: list[int] | None = None,
+            pool: bytes | None = None) -> None:
+    """Put back, in place, the bytes of every top-level initializer that refers to ``artifact``
+    (or to ``pool``, the bundle's ``weights.bin``). ``fail(message)`` returns the exception to
+    raise for a malformed reference; ``budget`` bounds the bytes copied (``spent``: a running
+    total over several graphs)."""
+    _check_amplification(graph, fail, budget, spent)
+    for t in graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location")
+        if location not in _LOCATIONS:
             continue  # a real external file: refused by the caller's external-data check
-        if artifact is None or set(info) != {"location", "offset", "length"}:
-            raise fail(f"initializer {t.name!r}: a reference to artifact bytes where none are allowed")
+        blob = artifact if location == LOCATION else pool
+        if blob is None or set(info) != {"location", "offset", "length"}:
+            raise fail(f"initializer {t.name!r}: a reference to {location} bytes where none are allowed")
         try:
             off, length = int(info["offset"]), int(info["length"])
         except ValueError:
             raise fail(f"initializer {t.name!r}: malformed artifact reference {info!r}") from None
-        if off < 0 or length < 0 or off + length > len(artifact):
-            raise fail(f"initializer {t.name!r}: artifact range [{off}, {off + length}) is outside the "
-                       f"artifact's {len(artifact)} bytes")
+        if off < 0 or length < 0 or off + length > len(blob):
+            whose = "the artifact's" if location == LOCATION else "the weight pool's"
+            raise fail(f"initializer {t.name!r}: range [{off}, {off + length}) is outside {whose} "
+                       f"{len(blob)} bytes")
         itemsize = _itemsize(t, fail)
         if any(d < 0 for d in t.dims) or int(np.prod(t.dims, dtype=np.int64)) * itemsize != length:
             raise fail(f"initializer {t.name!r}: {length} bytes do not hold dims {list(t.dims)}")
         del t.external_data[:]
         t.data_location = onnx.TensorProto.DEFAULT
-        t.raw_data = artifact[off:off + length]
+        t.raw_data = bytes(blob[off:off + length])
 
 
-__all__ = ["LOCATION", "MIN_SHARED_BYTES", "attach", "detach", "prune_unused", "resolve", "share"]
+__all__ = ["LOCATION", "MIN_SHARED_BYTES", "POOL", "Pool", "attach", "detach", "prune_unused", "resolve", "share",
+           "share_pool"]

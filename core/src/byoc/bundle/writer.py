@@ -22,7 +22,11 @@ from byoc.bundle.format import (
     FORMAT_VERSION,
     HOST_GRAPH,
     MANIFEST,
+    PLAIN_FORMAT_VERSION,
     PROTOBUF_LIMIT,
+    SOURCE,
+    SPEC_DIR,
+    WEIGHTS,
     external_tensor,
     region_members,
     sha256,
@@ -48,9 +52,10 @@ def _json_bytes(obj: Any, what: str) -> bytes:
 
 
 def _onnx_bytes(model: ir.Model, what: str, budget: Budget | None = None, artifact: bytes | None = None,
-                prune: bool = False) -> bytes:
+                prune: bool = False, pool: "shared.Pool | None" = None) -> bytes:
     """``model`` serialised; with ``artifact``, initializers whose bytes it holds become
-    references to it; with ``prune``, initializers nothing reads are left out
+    references to it; with ``prune``, initializers nothing reads are left out; with ``pool``,
+    the other large initializers move to the bundle's weight pool
     (:mod:`byoc.bundle.shared`: weights stored once). What is written passes the loader's checks."""
     try:
         proto = ir.to_proto(model)
@@ -63,8 +68,10 @@ def _onnx_bytes(model: ir.Model, what: str, budget: Budget | None = None, artifa
         shared.share(proto.graph, artifact)
     if prune:
         shared.prune_unused(proto.graph)
+    if pool is not None:
+        shared.share_pool(proto.graph, pool)
     _legacy_initializer_inputs(proto)
-    _verify_written(proto, what, budget or DEFAULT_BUDGET, artifact)
+    _verify_written(proto, what, budget or DEFAULT_BUDGET, artifact, pool.data if pool is not None else None)
     data = proto.SerializeToString(deterministic=True)
     if len(data) > PROTOBUF_LIMIT:
         raise BundleError(f"cannot save {what}: {_fmt_bytes(len(data))} is over the 2 GiB protobuf limit")
@@ -108,7 +115,8 @@ def _legacy_subgraph_constants(graph: onnx.GraphProto, depth: int) -> None:
                 _legacy_subgraph_constants(sub, depth + 1)
 
 
-def _verify_written(proto: onnx.ModelProto, what: str, budget: Budget, artifact: bytes | None) -> None:
+def _verify_written(proto: onnx.ModelProto, what: str, budget: Budget, artifact: bytes | None,
+                    pool: bytes | bytearray | None = None) -> None:
     """The loader's checks on what ``save`` is about to write: a bundle that saves is a bundle
     that loads; never a silent success. References to ``artifact`` are checked as the reader
     checks them, on a copy (the references themselves are what gets written)."""
@@ -116,36 +124,50 @@ def _verify_written(proto: onnx.ModelProto, what: str, budget: Budget, artifact:
         return BundleError(f"the bundle being saved: {msg}")
 
     try:
-        if artifact is not None:
+        if artifact is not None or pool is not None:
             probe = onnx.ModelProto()
             probe.CopyFrom(proto)  # small: the shared weights are references here
-            shared.detach(probe.graph, artifact, fail)
+            shared.detach(probe.graph, artifact, fail, budget, pool=pool)
             proto = probe
         check_onnx(proto, "member", "the bundle being saved", budget)
     except BundleError as exc:
         raise BundleError(f"cannot save {what}: byoc's loader would refuse it ({exc})") from None
 
 
-def _refuse_deferred_targets(cm: "CompiledModel") -> None:
-    """A model whose static-shape targets compile per input shape at run time cannot be bundled
-    faithfully: the bundle would hold only the host-side base, whose outputs differ from what
-    ``run`` gives with the specialised targets. Refused, pointing at ``input_shapes=``."""
-    spec = getattr(cm, "specializer", None)
-    if spec is None:
-        return
-    names = [t.name for t in spec.static_targets]
-    symbolic = []
-    for v in spec.proto.graph.input:
-        tt = v.type.tensor_type
-        dims = [d.dim_param or "?" for d in tt.shape.dim if not d.HasField("dim_value")] if tt.HasField("shape") \
-            else ["(unknown rank)"]
-        if dims:
-            symbolic.append(f"{v.name} {dims}")
-    raise BundleError(
-        f"cannot save: target(s) {names} compile per input shape at run time and the model's inputs are not "
-        f"fixed ({'; '.join(symbolic)}); a bundle would run their nodes on the host instead. Fix the shapes when "
-        f"compiling: byoc.compile(..., input_shapes={{...}}) or `--shape NAME=D1,D2,...`, then save"
-    )
+def _specialisation(spec, budget: Budget | None, pool: shared.Pool) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """``compiled.json``'s ``specialisation`` section and the members it names: the symbolic
+    source model and every specialisation made so far (:data:`byoc.bundle.format.SPEC_DIR`), so
+    that the loaded model runs the shapes seen so far as saved and specialises new ones as this
+    one would. Refused only where that cannot hold."""
+    static = [t.name for t in spec.static_targets]
+    recipe = spec.recipe
+    if recipe is None:
+        raise BundleError(f"cannot save: target(s) {static} compile per input shape at run time and this model "
+                          "records no compile settings to do so after loading (it was not made by byoc.compile); "
+                          "fix the shapes: byoc.compile(..., input_shapes={...}), then save")
+    if recipe.get("calibrated"):
+        raise BundleError(f"cannot save: target(s) {static} calibrate every new input shape on the calibration "
+                          "feeds, which a bundle does not hold; fix the shapes when compiling: "
+                          "byoc.compile(..., input_shapes={...}) or `--shape NAME=D1,...`, then save")
+    with spec._lock:
+        cache = list(spec.cache.items())
+    members = {SOURCE: _onnx_bytes(ir.from_proto(spec.proto), "the model's source (symbolic shapes)", budget,
+                                   pool=pool)}
+    shapes = []
+    for j, (key, scm) in enumerate(cache):
+        prefix = SPEC_DIR.format(j)
+        spec_members, compiled = _model_members(scm, prefix, pool)
+        spec_members[prefix + COMPILED] = _json_bytes(compiled, f"specialisation {dict(key)}")
+        members.update(spec_members)
+        shapes.append({"inputs": {name: list(dims) for name, dims in key}, "members": prefix})
+    section = {
+        "source": SOURCE,
+        "targets": [_target_json(t) for t in spec.targets],
+        "static_targets": static,
+        "settings": {k: recipe[k] for k in ("passes", "strict", "placement", "hook_timeout", "target_options")},
+        "shapes": shapes,
+    }
+    return section, members
 
 
 def _target_json(target) -> dict[str, Any]:
@@ -158,26 +180,28 @@ def _target_json(target) -> dict[str, Any]:
 
 
 
-def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
-    """Every member of ``cm``'s bundle (manifest included), name -> bytes, in archive order."""
-    _refuse_deferred_targets(cm)
+def _model_members(cm: "CompiledModel", prefix: str = "",
+                   pool: shared.Pool | None = None) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """The members of one compiled model under ``prefix`` (``compiled.json`` left out) and what
+    its ``compiled.json`` holds; with ``pool``, large weights go to the bundle's weight pool."""
     fallback = dict(getattr(cm, "host_fallback", {}) or {})
     region_target = {cr.region.name: cr.region.target for cr in cm.regions}
     budget = getattr(cm, "budget", None)
-    members: dict[str, bytes] = {HOST_GRAPH: _onnx_bytes(cm.model, "the host graph", budget, prune=True)}
+    members: dict[str, bytes] = {prefix + HOST_GRAPH: _onnx_bytes(cm.model, "the host graph", budget, prune=True,
+                                                                  pool=pool)}
     regions_json = []
     for i, cr in enumerate(cm.regions):
         region, artifact = cr.region, cr.artifact
         if region.model is None:
             raise BundleError(f"cannot save region {region.name!r}: it has no subgraph (region.model)")
-        bin_name, json_name, onnx_name = region_members(i)
+        bin_name, json_name, onnx_name = region_members(i, prefix)
         members[bin_name] = bytes(artifact.data)
         members[json_name] = _json_bytes(
             {"target": artifact.target, "format": artifact.format, "metadata": artifact.metadata},
             f"the artifact metadata of region {region.name!r}",
         )
         members[onnx_name] = _onnx_bytes(region.model, f"the subgraph of region {region.name!r}", budget,
-                                         members[bin_name])
+                                         members[bin_name], pool=pool)
         regions_json.append({
             "name": region.name,
             "target": region.target,
@@ -192,23 +216,36 @@ def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
             # placed on the target; ran on the host only because the loading process lacked the plugin
             row["device"], row["fallback"] = region_target[rec.region], None
         records.append(row)
-    members[COMPILED] = _json_bytes(
-        {
-            "options": cm.options,
-            "targets": [_target_json(t) for t in cm.targets],
-            "regions": regions_json,
-            "records": records,
-            "faults": [dataclasses.asdict(f) for f in cm.faults],
-        },
-        "the compiled model's options, targets and records",
-    )
+    compiled = {
+        "options": cm.options,
+        "targets": [_target_json(t) for t in cm.targets],
+        "regions": regions_json,
+        "records": records,
+        "faults": [dataclasses.asdict(f) for f in cm.faults],
+    }
+    return members, compiled
+
+
+def bundle_members(cm: "CompiledModel") -> dict[str, bytes]:
+    """Every member of ``cm``'s bundle (manifest included), name -> bytes, in archive order."""
+    spec = getattr(cm, "specializer", None)
+    # a model with specialisations holds the same weights in many graphs: each is stored once
+    pool = shared.Pool() if spec is not None else None
+    members, compiled = _model_members(cm, "", pool)
+    targets = list(cm.targets)
+    if spec is not None:
+        compiled["specialisation"], spec_members = _specialisation(spec, getattr(cm, "budget", None), pool)
+        members.update(spec_members)
+        members[WEIGHTS] = bytes(pool.data)
+        targets += [t for t in spec.targets if t.name not in {u.name for u in targets}]
+    members[COMPILED] = _json_bytes(compiled, "the compiled model's options, targets and records")
     plugins = {
         t.name: {"plugin": t.plugin, "distribution": t.distribution, "version": t.version, "api_version": t.api_version}
-        for t in cm.targets
+        for t in targets
     }
     manifest = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if spec is not None else PLAIN_FORMAT_VERSION,
         "byoc_version": __version__,
         "hook_api_version": HOOK_API_VERSION,
         "plugins": plugins,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -70,22 +70,32 @@ def with_input_shapes(proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
     return out
 
 
+def shape_key(shapes: Mapping[str, Sequence[int]]) -> ShapeKey:
+    """The cache key of one set of concrete input shapes (input name -> dims)."""
+    return tuple(sorted((str(name), tuple(int(d) for d in dims)) for name, dims in shapes.items()))
+
+
 def specialise(
     proto: onnx.ModelProto,
     targets: Sequence["Target"],
     compile_shapes: Callable[[onnx.ModelProto, Sequence["Target"]], "CompiledModel"],
+    recipe: dict[str, Any] | None = None,
 ) -> "CompiledModel":
     """Compile ``proto`` (symbolic input dimensions) once with the ``dynamic`` targets only and
     attach a :class:`Specializer` that compiles for all ``targets`` per concrete input shapes.
 
     :param compile_shapes: ``compile_shapes(model, targets)``, one compile of ``model`` for
         ``targets`` (in priority order).
+    :param recipe: the compile's settings as plain data (``passes``, ``strict``, ``placement``,
+        ``hook_timeout``, ``calibrated``), kept so that a bundle can specialise further shapes
+        after loading as this model would (:mod:`byoc.bundle`); ``None``: it cannot be saved.
     :returns: the base compiled model; its ``run`` picks a specialisation by the feeds' shapes.
     """
     targets = list(targets)
     static = [t for t in targets if t.shape_policy != "dynamic"]
     base = compile_shapes(proto, [t for t in targets if t.shape_policy == "dynamic"])
-    base.specializer = Specializer(base, proto, static, lambda p: compile_shapes(p, targets))
+    base.specializer = Specializer(base, proto, static, lambda p: compile_shapes(p, targets),
+                                   targets=targets, recipe=recipe)
     base.options["shape_policy"] = {t.name: t.shape_policy for t in targets}
     return base
 
@@ -98,17 +108,27 @@ class Specializer:
         base: "CompiledModel",
         proto: onnx.ModelProto,
         static_targets: Sequence["Target"],
-        compile_fn: Callable[[onnx.ModelProto], "CompiledModel"],
+        compile_fn: Callable[[onnx.ModelProto], "CompiledModel"] | None,
+        *,
+        targets: Sequence["Target"] | None = None,
+        recipe: dict[str, Any] | None = None,
+        cache: dict[ShapeKey, "CompiledModel"] | None = None,
     ):
         self.base = base
         self.proto = proto
         self.static_targets = list(static_targets)
+        #: every target of a specialisation, in priority order
+        self.targets = list(targets) if targets is not None else list(self.static_targets)
+        #: ``None``: no further shapes are specialised (a loaded bundle whose plugins are missing)
         self.compile_fn = compile_fn
-        self.cache: dict[ShapeKey, "CompiledModel"] = {}
+        self.recipe = recipe
+        self.cache: dict[ShapeKey, "CompiledModel"] = dict(cache or {})
         self.refused: set[ShapeKey] = set()
         self._lock = threading.Lock()
 
     def _allowed(self, key: ShapeKey) -> bool:
+        if self.compile_fn is None:
+            return False
         shapes = dict(key)
         for t in self.static_targets:
             if t.shape_policy == "buckets":
@@ -119,7 +139,7 @@ class Specializer:
         return False
 
     def select(self, feeds: dict[str, Any]) -> "CompiledModel":
-        key: ShapeKey = tuple(sorted((name, tuple(np.shape(v))) for name, v in feeds.items()))
+        key = shape_key({name: np.shape(v) for name, v in feeds.items()})
         hit = self.cache.get(key)
         if hit is not None:
             return hit
@@ -131,8 +151,10 @@ class Specializer:
             if not self._allowed(key):
                 self.refused.add(key)
                 names = ", ".join(t.name for t in self.static_targets)
+                why = "shape policy/limit" if self.compile_fn is not None else \
+                    "a loaded bundle whose plugins for them are missing specialises no further shapes"
                 warnings.warn(
-                    f"no specialisation for input shapes {dict(key)} (targets {names}: shape policy/limit); "
+                    f"no specialisation for input shapes {dict(key)} (targets {names}: {why}); "
                     "running them without those targets", stacklevel=3)
                 return self.base
             compiled = self.compile_fn(with_input_shapes(self.proto, dict(key)))

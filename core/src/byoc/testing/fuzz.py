@@ -13,6 +13,20 @@ more than the memory cap (traced by ``tracemalloc``, which sees numpy's buffers)
 
     python -m byoc.testing.fuzz --count 500 --seed 1
     python -m byoc.testing.fuzz --seconds 300          # nox -s fuzz -- --seconds 300
+
+Recorded runs (issue 18, acceptance 2: 10,000 cases across the model, bundle and plugin kinds,
+default limits: 20 s and 256 MiB per case, 8 GiB address space; on a 2-core machine shared with
+three other jobs, so the times are long):
+
+* ``--count 10000 --seed 1803`` (all kinds, before the specialising bundles): 10,000 cases in
+  2,218 s, 3,840 compiled and ran, 6,160 refused with a byoc error; 0 foreign exceptions, 0 over
+  the time limit, 0 over the memory cap.
+* ``--count 10000 --seed 1805`` (all kinds, with specialising bundles and their weight pool among
+  the bundle cases): 10,000 cases in 1,982 s, 3,962 ran, 6,038 refused; 0 foreign, 0 over time,
+  0 over memory.
+* ``--kinds bundle --count 3000 --seed 1806``: stopped after 950 cases (to leave the machine to
+  the run above), 0 findings; ``--kinds bundle --count 1000 --seed 1807`` on the final code
+  (read-back options damaged too): 1,000 cases in 249 s, 218 ran, 782 refused; 0 findings.
 """
 
 from __future__ import annotations

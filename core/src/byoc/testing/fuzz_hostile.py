@@ -1,8 +1,10 @@
 """Fuzz cases for bundles and plugins (issue 18, acceptance 2), used by :mod:`byoc.testing.fuzz`.
 
-*Bundle* cases save a small compiled model (one offloaded region of an in-process echo target)
-and damage the bundle: ``compiled.json``'s target options (unknown keys, wrong types,
-machine-local keys such as ``cache_dir``), its members (deleted, truncated, bit-flipped, renamed,
+*Bundle* cases save a small compiled model (one offloaded region of an in-process echo target;
+or, for a static-shape target, a symbolic batch with two per-shape specialisations) and damage
+the bundle: ``compiled.json``'s target options (unknown keys, wrong types, machine-local keys
+such as ``cache_dir``), any field of a ``compiled.json`` (the specialisation section included),
+its members (deleted, truncated, bit-flipped, renamed,
 added, path-traversal names) and their compression (a member inflated to far past the budget),
 with the manifest hashes recomputed most of the time (as a careful attacker would), then load
 and run it. *Plugin* cases compile with a hostile in-process plugin: a random hook raises
@@ -53,8 +55,9 @@ class HostilePlugin:
 
     name = "hostile"
 
-    def __init__(self, hook: str, behaviour: str, seed: int):
+    def __init__(self, hook: str, behaviour: str, seed: int, shape_policy: str = "dynamic"):
         self.hook, self.behaviour, self.rng = hook, behaviour, random.Random(seed)
+        self.shape_policy = shape_policy
 
     def _misbehave(self, hook: str, given: Any = None) -> Any:
         if hook != self.hook or self.behaviour == "none":
@@ -72,7 +75,7 @@ class HostilePlugin:
 
     @byoc.hookimpl
     def byoc_register_targets(self, register):
-        register(byoc.Target(self.name, version="1.0", device="npu"))
+        register(byoc.Target(self.name, version="1.0", device="npu", shape_policy=self.shape_policy))
 
     @byoc.hookimpl
     def byoc_register_operators(self, target, register):
@@ -115,11 +118,12 @@ class HostilePlugin:
         return call
 
 
-def model() -> bytes:
+def model(batch: int | str = 2) -> bytes:
+    """Neg -> Relu -> Add on ``x`` of shape ``[batch, 4]`` (``"N"``: a symbolic batch)."""
     nodes = [helper.make_node("Neg", ["x"], ["a"], name="n0"), helper.make_node("Relu", ["a"], ["b"], name="n1"),
              helper.make_node("Add", ["b", "x"], ["y"], name="n2")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
@@ -129,8 +133,8 @@ def registry(plugin: HostilePlugin):
     return build_registry([("hostile", plugin)], entry_points=False)
 
 
-def _feeds() -> dict[str, np.ndarray]:
-    return {"x": np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)}
+def _feeds(batch: int = 2) -> dict[str, np.ndarray]:
+    return {"x": np.linspace(-2, 2, 4 * batch, dtype=np.float32).reshape(batch, 4)}
 
 
 def plugin_case(rng: random.Random, budget) -> list[str]:
@@ -146,20 +150,27 @@ def plugin_case(rng: random.Random, budget) -> list[str]:
     return [f"plugin:{hook}:{behaviour}"]
 
 
-_BASE: dict[str, bytes] = {}
+_BASE: dict[str, dict[str, bytes]] = {}
 _MIB = bytes(1 << 20)
+#: the batch sizes a specialising bundle was run with before saving, and one it was not
+SPEC_BATCHES = (2, 3)
+NEW_BATCH = 5
 
 
-def _base_members() -> dict[str, bytes]:
-    if not _BASE:
-        reg = registry(HostilePlugin("none", "none", 0))
-        cm = byoc.compile(model(), targets=["hostile"], registry=reg)
+def _base_members(policy: str = "dynamic") -> dict[str, bytes]:
+    """The members of a saved bundle: ``dynamic``, one region; ``static``, a symbolic batch whose
+    target specialises per shape (two specialisations: :data:`SPEC_BATCHES`)."""
+    if policy not in _BASE:
+        reg = registry(HostilePlugin("none", "none", 0, policy))
+        cm = byoc.compile(model(2 if policy == "dynamic" else "N"), targets=["hostile"], registry=reg)
+        for batch in SPEC_BATCHES if policy == "static" else ():
+            cm.run(_feeds(batch))
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "m.byoc")
             cm.save(path)
             with zipfile.ZipFile(path) as zf:
-                _BASE.update({i.filename: zf.read(i) for i in zf.infolist()})
-    return dict(_BASE)
+                _BASE[policy] = {i.filename: zf.read(i) for i in zf.infolist()}
+    return dict(_BASE[policy])
 
 
 _WEIRD = [None, True, 0, -1, 2**70, 1.5, float("nan"), "", "x" * 300, "../../etc", [], {}, {"a": [1]}, "/tmp"]
@@ -182,7 +193,7 @@ def _mutate_options(rng: random.Random, members: dict[str, bytes]) -> str:
     if not isinstance(options.get("target_options"), dict):  # an earlier mutation replaced it
         options["target_options"] = {}
     topts = options["target_options"]
-    choice = rng.choice(["value", "cache_dir", "unknown_target", "not_a_dict", "drop"])
+    choice = rng.choice(["value", "cache_dir", "unknown_target", "not_a_dict", "drop", "read_back"])
     if choice == "value":
         _entry(topts, "hostile")[rng.choice(["level", "threads", "x"])] = rng.choice(_WEIRD)
     elif choice == "cache_dir":
@@ -191,6 +202,10 @@ def _mutate_options(rng: random.Random, members: dict[str, bytes]) -> str:
         topts[rng.choice(["nope", "", "cpu"])] = rng.choice(_WEIRD)
     elif choice == "not_a_dict":
         options["target_options"] = rng.choice(_WEIRD)
+    elif choice == "read_back":  # entries the report and the command line read back
+        key = rng.choice(["skipped_targets", "calibration", "placement_estimates", "shape_policy", "targets"])
+        options[key] = rng.choice(_WEIRD + [{"regions": {"hostile_0": rng.choice(_WEIRD)}},
+                                           {"samples": rng.choice(_WEIRD), "tensors": 1}, {"hostile": 5}])
     else:
         options.pop("target_options", None)
     members["compiled.json"] = json.dumps(compiled, allow_nan=True).encode()
@@ -219,6 +234,45 @@ def _mutate_member(rng: random.Random, members: dict[str, bytes]) -> str:
     return f"member:{choice}:{name}"
 
 
+def _json_paths(obj: Any, prefix: tuple = ()):
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _json_paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj[:4]):
+            yield from _json_paths(v, prefix + (i,))
+
+
+def _mutate_json(rng: random.Random, members: dict[str, bytes]) -> str:
+    """One field of a compiled.json (the model's, its specialisation section, a specialisation's)
+    set to a weird value, or a list entry duplicated or dropped."""
+    names = sorted(n for n in members if n.endswith("compiled.json"))
+    if not names:
+        return "json:skipped"
+    name = rng.choice(names)
+    try:
+        doc = json.loads(members[name])
+        paths = [p for p in _json_paths(doc) if p]
+        where = rng.choice(paths)
+        parent = doc
+        for k in where[:-1]:
+            parent = parent[k]
+    except (ValueError, IndexError, KeyError, TypeError):  # an earlier mutation damaged it
+        return "json:skipped"
+    choice = rng.choice(["value", "value", "duplicate", "drop"])
+    if choice == "value":
+        parent[where[-1]] = rng.choice(_WEIRD)
+    elif choice == "duplicate" and isinstance(parent, list):
+        parent.append(parent[where[-1]])
+    elif isinstance(parent, list):
+        del parent[where[-1]]
+    else:
+        parent.pop(where[-1], None)
+    members[name] = json.dumps(doc, allow_nan=True).encode()
+    return f"json:{choice}:{name}:{'/'.join(map(str, where))[:80]}"
+
+
 def _rehash(members: dict[str, bytes]) -> None:
     try:
         manifest = json.loads(members["manifest.json"])
@@ -231,13 +285,16 @@ def _rehash(members: dict[str, bytes]) -> None:
 
 def bundle_case(rng: random.Random, budget) -> list[str]:
     """Save, damage, load and run a bundle; returns the mutation names."""
-    members = _base_members()
-    applied = []
+    policy = rng.choice(["dynamic", "static"])
+    members = _base_members(policy)
+    applied = [f"base:{policy}"]
     bomb = None
     for _ in range(rng.choice([1, 1, 2])):
-        kind = rng.choice(["options", "options", "member", "compression"])
+        kind = rng.choice(["options", "options", "member", "compression", "json"])
         if kind == "options":
             applied.append(_mutate_options(rng, members))
+        elif kind == "json":
+            applied.append(_mutate_json(rng, members))
         elif kind == "member":
             applied.append(_mutate_member(rng, members))
         else:
@@ -257,9 +314,10 @@ def bundle_case(rng: random.Random, budget) -> list[str]:
                     for _ in range(bomb[1] >> 20 if bomb and bomb[0] == name else 0):
                         out.write(_MIB)  # streamed: the fuzzer itself never holds the inflated member
         del members
-        reg = registry(HostilePlugin("none", "none", 0))
+        reg = registry(HostilePlugin("none", "none", 0, policy))
         cm = byoc.load(path, registry=reg, budget=budget, fallback=rng.choice([None, "host"]))
-        cm.run(_feeds())
+        for batch in (*SPEC_BATCHES, NEW_BATCH) if policy == "static" else (2,):
+            cm.run(_feeds(batch))
     return applied
 
 

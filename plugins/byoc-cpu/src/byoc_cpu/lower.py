@@ -175,6 +175,8 @@ class Group:
     shape: tuple[int, ...]  # the iteration shape (the anchor's output)
     anchor: int | None = None
     read_outside: bool = False  # a node outside already read one of its values
+    #: the values its members read from outside it (the fused loop's operands; bounded)
+    reads: set[int] = field(default_factory=set)
 
     @property
     def last(self) -> int:
@@ -329,7 +331,7 @@ class Lowering:
             if info.kind == "ew" and fuse:
                 shape = tuple(info.out_shapes[0])
                 for grp in sorted(groups_read, key=lambda gr: -gr.last):
-                    if grp.shape == shape and not grp.read_outside:
+                    if grp.shape == shape and not grp.read_outside and self._fits(grp, node):
                         joined = grp
                         break
             for grp in groups_read:
@@ -340,6 +342,7 @@ class Lowering:
                 units.append(k)
                 continue
             if joined is not None:
+                joined.reads |= self._reads(joined, node)
                 joined.members.append(k)
                 group_of[k] = joined
                 # the group now runs at k: move it to the end of the unit list
@@ -347,12 +350,31 @@ class Lowering:
                 units.append(joined)
             elif info.kind in ("anchor", "ew"):
                 grp = Group([k], tuple(info.out_shapes[0]), anchor=k if info.kind == "anchor" else None)
+                grp.reads = self._reads(grp, node)
                 group_of[k] = grp
                 units.append(grp)
             else:
                 units.append(k)
         # aliases read groups too: a group read through a view must already have run
         return self._order_units(units)
+
+    def _reads(self, grp: Group, node: ir.Node) -> set[int]:
+        """The values ``node`` reads from outside ``grp`` (scalar constants are literals, not buffers)."""
+        inside = set(grp.members)
+        out = set()
+        for v in node.inputs:
+            if v is None:
+                continue
+            val = self._val(v)
+            if (val.producer is None or val.producer not in inside) and not (val.const is not None and val.size == 1):
+                out.add(id(val))
+        return out
+
+    def _fits(self, grp: Group, node: ir.Node) -> bool:
+        """Whether ``node`` may join ``grp`` within the bounds of one generated loop
+        (:data:`byoc_cpu.ops.MAX_FUSED_OPERANDS`, :data:`~byoc_cpu.ops.MAX_FUSED_MEMBERS`)."""
+        return len(grp.members) < ops.MAX_FUSED_MEMBERS and \
+            len(grp.reads | self._reads(grp, node)) <= ops.MAX_FUSED_OPERANDS
 
     def _order_units(self, units: list[Group | int]) -> list[Group | int]:
         """Re-check the order: every unit runs after the units producing what it reads."""

@@ -44,6 +44,14 @@ OTHER = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat
 #: every operator the target may be offered
 OPERATORS = tuple(sorted(set(UNARY) | set(BINARY) | ALIAS | ANCHOR | OTHER | {"BatchNormalization"}))
 
+#: at most this many inputs of a variadic elementwise node (Sum/Mean/Max/Min), and at most this many
+#: distinct buffers read by one fused loop: a generated kernel takes two arguments per buffer and
+#: Numba's compile time grows much faster than linearly in them (a 300-input Sum took ~47 s); a
+#: wider node is declined (the host takes it, linear in its fan-in) and fusion stops at the limit
+MAX_FUSED_OPERANDS = 32
+#: at most this many nodes in one fused loop (each may add an output buffer)
+MAX_FUSED_MEMBERS = 64
+
 #: elementwise operators that end a Conv/Gemm as its activation (the pattern tails)
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSwish", "Sigmoid", "HardSigmoid", "Tanh", "Elu", "Gelu")
 
@@ -326,6 +334,9 @@ def _binary(node, shapes, const_of, opset) -> OpInfo:
     if op in ("Sum", "Mean", "Max", "Min"):
         if len(shapes) < 1:
             raise Unsupported(f"{op}: no inputs")
+        if len(shapes) > MAX_FUSED_OPERANDS:
+            raise Unsupported(f"{op}: {len(shapes)} inputs, more than the {MAX_FUSED_OPERANDS} one generated loop "
+                              "takes (the host runs it)")
     elif len(shapes) != 2:
         raise Unsupported(f"{op}: expected 2 inputs")
     out = broadcast(shapes, op)
