@@ -100,3 +100,32 @@ def test_a_reference_in_the_host_graph_is_refused(big, tmp_path):
     bad = write_zip(tmp_path / "bad.byoc", rehash({**members, "model.onnx": proto.SerializeToString()}))
     err = refused(bad, registry=reg)
     assert "'z'" in str(err) and "model.onnx" in str(err)
+
+
+def test_loading_views_the_artifact_bytes_instead_of_copying_them():
+    """The reader attaches a region subgraph's weights as read-only views of its artifact member."""
+    w = np.arange(2048, dtype=np.float32).reshape(2, 1024)
+    artifact = bytes(64) + w.tobytes()
+
+    def graph():
+        g = onnx.GraphProto()
+        t = g.initializer.add()
+        t.name, t.data_type = "w", TensorProto.FLOAT
+        t.dims.extend(w.shape)
+        t.data_location = TensorProto.EXTERNAL
+        for k, v in (("location", shared.LOCATION), ("offset", "64"), ("length", str(w.nbytes))):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+        return g
+
+    def fail(msg):
+        return ValueError(msg)
+
+    held = shared.detach(graph(), artifact, fail, views=True)
+    (_, ref), = held
+    arr = shared.view_of(ref, artifact, None)
+    assert np.array_equal(arr, w) and not arr.flags.writeable
+    assert np.shares_memory(arr, np.frombuffer(artifact, np.uint8))
+    # without views (the writer's check) the bytes are copied back into the proto
+    copied = shared.detach(graph(), artifact, fail)
+    assert copied[0][1].raw_data == w.tobytes() and shared.view_of(copied[0][1], artifact, None) is None

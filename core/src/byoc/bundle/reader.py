@@ -245,13 +245,20 @@ def parse_onnx(data: bytes, name: str, origin: str, budget: Budget, artifact: by
         raise fail(f"not a readable ONNX protobuf: {type(exc).__name__}: {exc}") from None
     if not proto.HasField("graph"):
         raise fail("the protobuf holds no graph")
-    held = shared.detach(proto.graph, artifact, fail, budget, spent, pool)  # checked; the bytes return after the checks
+    # checked; the bytes return after the checks: copied for odd types, else as read-only views
+    # over the artifact/pool bytes (no copy of a region's weights for its host fallback)
+    held = shared.detach(proto.graph, artifact, fail, budget, spent, pool, views=True)
     check_onnx(proto, name, origin, budget)
     shared.attach(proto.graph, held)
     try:
         model = ir.from_proto(proto)
     except Exception as exc:
         raise fail(f"cannot convert to byoc's IR: {type(exc).__name__}: {exc}") from None
+    for _, t in held:
+        arr = shared.view_of(t, artifact, pool)
+        value = model.graph.initializers.get(t.name) if arr is not None else None
+        if value is not None:
+            value.const_value = ir.Tensor(arr, name=t.name, doc_string=t.doc_string or None)
     # a model of IR version < 4 is written with its initializers listed as inputs (its own IR's
     # rule, see byoc.bundle.writer): read them as the constants they are
     drop_legacy_initializer_inputs(model)

@@ -9,7 +9,10 @@ is written without data, as a reference::
     data_location = EXTERNAL
     external_data = {"location": "byoc:artifact", "offset": "<bytes>", "length": "<bytes>"}
 
-When reading, :func:`resolve` puts the bytes back before any other check runs. Only that exact
+When reading, every reference is checked before any other check runs; the loader then attaches
+plain numeric tensors as read-only NumPy views over the member's bytes (:func:`view_of`: no copy
+of the weights for a host fallback that may never run) and puts other types' bytes back
+(:func:`resolve`). Only that exact
 location is accepted, the range must lie inside the region's artifact member (whose SHA-256 the
 manifest has already verified) and match the tensor's dims and type: a reference never reaches
 a file, and anything else that claims external data is still refused.
@@ -18,6 +21,7 @@ a file, and anything else that claims external data is still refused.
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import numpy as np
 import onnx
@@ -132,11 +136,17 @@ def prune_unused(graph: onnx.GraphProto) -> int:
 
 
 def detach(graph: onnx.GraphProto, artifact: bytes | None, fail, budget=None,
-           spent: list[int] | None = None, pool: bytes | None = None) -> list[tuple[int, onnx.TensorProto]]:
+           spent: list[int] | None = None, pool: bytes | None = None,
+           views: bool = False) -> list[tuple[int, onnx.TensorProto]]:
     """Check every reference to ``artifact`` (as :func:`resolve`) and swap each referring
     initializer for a one-element stand-in of its type; returns what :func:`attach` puts back.
     The structural checks then run on a proto without the weights (they would copy them; the
-    weights' size is already bounded by the artifact member's, which the reader budgeted)."""
+    weights' size is already bounded by the artifact member's, which the reader budgeted).
+
+    With ``views``, a reference of a plain numeric type is not copied: its entry holds the
+    reference itself (no bytes), and :func:`view_of` gives a read-only NumPy view over the
+    ``artifact``/``pool`` bytes for it (the loader attaches those to the IR, so a region's
+    kept subgraph costs no copy of its weights)."""
     held = []
     for i, t in enumerate(graph.initializer):
         if t.data_location != onnx.TensorProto.EXTERNAL or \
@@ -153,8 +163,36 @@ def detach(graph: onnx.GraphProto, artifact: bytes | None, fail, budget=None,
     # the bytes are only read once every reference is known to be sound
     resolve_all = onnx.GraphProto()
     resolve_all.initializer.extend(r for _, r in held)
-    resolve(resolve_all, artifact, fail, budget, spent, pool)
+    resolve(resolve_all, artifact, fail, budget, spent, pool, copy=lambda t: not (views and _viewable(t)))
     return [(i, t) for (i, _), t in zip(held, resolve_all.initializer)]
+
+
+#: element types whose raw bytes a NumPy view reads as they are (little-endian, as ONNX stores them)
+_VIEW_DTYPES = {
+    onnx.TensorProto.FLOAT: "<f4", onnx.TensorProto.DOUBLE: "<f8", onnx.TensorProto.FLOAT16: "<f2",
+    onnx.TensorProto.INT8: "i1", onnx.TensorProto.UINT8: "u1", onnx.TensorProto.INT16: "<i2",
+    onnx.TensorProto.UINT16: "<u2", onnx.TensorProto.INT32: "<i4", onnx.TensorProto.UINT32: "<u4",
+    onnx.TensorProto.INT64: "<i8", onnx.TensorProto.UINT64: "<u8",
+}
+
+
+def _viewable(t: onnx.TensorProto) -> bool:
+    return sys.byteorder == "little" and t.data_type in _VIEW_DTYPES
+
+
+def view_of(t: onnx.TensorProto, artifact: bytes | None, pool: bytes | None) -> np.ndarray | None:
+    """The read-only array a reference kept by ``detach(..., views=True)`` stands for (``None``
+    for a tensor that holds its own bytes). Only valid after ``detach`` checked ``t``."""
+    if t.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    info = {e.key: e.value for e in t.external_data}
+    blob = artifact if info["location"] == LOCATION else pool
+    dtype = np.dtype(_VIEW_DTYPES[t.data_type])
+    length = int(info["length"])
+    arr = np.frombuffer(blob, dtype=dtype, count=length // dtype.itemsize, offset=int(info["offset"]))
+    arr = arr.reshape(tuple(t.dims))
+    arr.flags.writeable = False
+    return arr
 
 
 def attach(graph: onnx.GraphProto, held: list[tuple[int, onnx.TensorProto]]) -> None:
@@ -199,11 +237,11 @@ def _check_amplification(graph: onnx.GraphProto, fail, budget, spent: list[int] 
 
 
 def resolve(graph: onnx.GraphProto, artifact: bytes | None, fail, budget=None, spent: list[int] | None = None,
-            pool: bytes | None = None) -> None:
+            pool: bytes | None = None, copy=None) -> None:
     """Put back, in place, the bytes of every top-level initializer that refers to ``artifact``
     (or to ``pool``, the bundle's ``weights.bin``). ``fail(message)`` returns the exception to
     raise for a malformed reference; ``budget`` bounds the bytes copied (``spent``: a running
-    total over several graphs)."""
+    total over several graphs). ``copy(tensor)`` false leaves that (checked) reference as it is."""
     _check_amplification(graph, fail, budget, spent)
     for t in graph.initializer:
         if t.data_location != onnx.TensorProto.EXTERNAL:
@@ -226,10 +264,12 @@ def resolve(graph: onnx.GraphProto, artifact: bytes | None, fail, budget=None, s
         itemsize = _itemsize(t, fail)
         if any(d < 0 for d in t.dims) or int(np.prod(t.dims, dtype=np.int64)) * itemsize != length:
             raise fail(f"initializer {t.name!r}: {length} bytes do not hold dims {list(t.dims)}")
+        if copy is not None and not copy(t):
+            continue
         del t.external_data[:]
         t.data_location = onnx.TensorProto.DEFAULT
         t.raw_data = bytes(blob[off:off + length])
 
 
 __all__ = ["LOCATION", "MIN_SHARED_BYTES", "POOL", "Pool", "attach", "detach", "prune_unused", "resolve", "share",
-           "share_pool"]
+           "share_pool", "view_of"]
