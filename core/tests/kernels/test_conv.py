@@ -97,9 +97,13 @@ def test_conv_each_strategy(how, monkeypatch):
 
     if how == "im2col":
         monkeypatch.setattr(C, "_SHIFT_MIN_CHANNELS", 10**9)
+    if how == "shift":
+        monkeypatch.setattr(C, "SHIFT_BLAS_MIN_CG", 0)
     if how.startswith("winograd"):
         monkeypatch.setattr(G, "_OWN_GEMM", False)  # Winograd is chosen only with OpenBLAS's GEMM
         monkeypatch.setattr(C, "_WINO_MIN_SIDE", {2: 1, 4: 1 if how == "winograd4" else 10**9})
+        monkeypatch.setattr(C, "_WINO_AUTO_F2_SIDE", 1)
+        monkeypatch.setattr(C, "WINOGRAD_MIN_CM", 0)
     if how == "openblas":
         monkeypatch.setattr(G, "_OWN_GEMM", False)
         monkeypatch.setattr(C, "_WINO_MIN_SIDE", {2: 10**9, 4: 10**9})
@@ -346,3 +350,16 @@ def test_depthwise_with_hostile_geometry_keeps_to_the_loop_nest():
     w = rng.standard_normal((2, 1, 3, 3)).astype(np.float32)
     check("Conv", [x, w], {"group": 2, "pads": [300, 300, 300, 300], "dilations": [200, 200]},
           oracle=run_onnxruntime)
+
+
+def test_strategy_rules_are_shared_with_byoc_cpu():
+    """The host kernels and byoc-cpu's lowering take one rule set for Winograd and shift."""
+    from byoc.kernels import conv as C
+
+    assert C.winograd_tile(64, 64, 56, 56) == 0  # ResNet-50's res2: transforms weigh as much as GEMMs
+    assert C.winograd_tile(128, 128, 56, 56) == 4  # VGG-19's 56x56 layers
+    assert C.winograd_tile(64, 64, 224, 224) == 4  # any channels on big planes
+    assert C.winograd_tile(256, 256, 14, 14) == 0  # F(2x2) measured slower than shift
+    assert C.shift_pays(64, 64) and C.shift_pays(128, 512) and not C.shift_pays(32, 128)
+    lower = pytest.importorskip("byoc_cpu.lower")
+    assert lower.winograd_tile is C.winograd_tile and lower.shift_pays is C.shift_pays

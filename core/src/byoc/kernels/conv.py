@@ -72,6 +72,20 @@ _DIRECT_PAR_MIN_MACS = 1 << 23
 # Winograd's transforms and its rounding (F(4x4): ~6e-6 relative error)
 _WINO_MIN_CHANNELS = 8
 _WINO_MIN_SIDE = {2: 8, 4: 40}
+# ... when the strategy is chosen automatically (the host kernels and byoc-cpu's lowering share
+# these rules, measured with OpenBLAS's GEMMs on ResNet-50, VGG-19, SqueezeNet and Inception):
+# F(4x4, 3x3) from channels in x out of WINOGRAD_MIN_CM, or on planes of WINOGRAD_ANY_CM_SIDE
+# (VGG-19: 1.6x faster than shift); F(2x2, 3x3) never (slower than shift on ResNet-50's 28x28
+# and 14x14 layers), and neither was 64 -> 64 channels at 56x56 (its transforms weigh as much
+# as its GEMMs)
+WINOGRAD_MIN_CM = 64 * 128
+WINOGRAD_ANY_CM_SIDE = 112
+_WINO_AUTO_F2_SIDE = 1 << 30
+# with OpenBLAS the shift strategy is one GEMM per tap with K = channels, which packs its
+# operands anew each time: from this many channels per group (or with fewer than twice as many
+# output as input channels) it beats im2col's single K = taps x channels product (SqueezeNet's
+# expand layers: im2col 5-10% faster; ResNet-50's 64 -> 64 layers: shift 5% faster)
+SHIFT_BLAS_MIN_CG = 65
 
 
 # -------------------------------------------------------------------------------------------------
@@ -743,11 +757,10 @@ def make_conv(spec: NodeSpec):
         elif group > 1 and cg < _DIRECT_MAX_CHANNELS:
             g["how"] = "direct"
         elif (nd == 2 and ksz == [3, 3] and strides == [1, 1] and dil == [1, 1] and have_blas(x.dtype)
-              and cg >= _WINO_MIN_CHANNELS and m // group >= _WINO_MIN_CHANNELS
-              and min(out_sp) >= _WINO_MIN_SIDE[2]
+              and winograd_tile(cg, m // group, *out_sp)
               and not (compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg))):
             g["how"] = "winograd"
-            g["wm"] = 4 if min(out_sp) >= _WINO_MIN_SIDE[4] else 2
+            g["wm"] = winograd_tile(cg, m // group, *out_sp)
         else:
             g["how"] = "im2col"
             # byoc's GEMM reads the kernel taps straight out of the padded input (an implicit
@@ -755,7 +768,8 @@ def make_conv(spec: NodeSpec):
             implicit = compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg * kvol)
             g["implicit"] = implicit
             min_c = 1 if implicit else _SHIFT_MIN_CHANNELS
-            if nd <= 2 and all(s == 1 for s in strides) and cg >= min_c and kvol > 1:
+            if (nd <= 2 and all(s == 1 for s in strides) and cg >= min_c and kvol > 1
+                    and (implicit or shift_pays(cg, m // group))):
                 hp = g["in"][1] + g["pb"][1] + g["pe"][1]
                 wp = g["in"][2] + g["pb"][2] + g["pe"][2]
                 oh, ow = pad3(out_sp, 1)[1:]
@@ -1360,6 +1374,23 @@ def winograd_side(oh: int, ow: int) -> int:
     """The Winograd tile (2 or 4) for an output of ``oh x ow``, 0 where it is too small to pay."""
     side = min(oh, ow)
     return 4 if side >= _WINO_MIN_SIDE[4] else 2 if side >= _WINO_MIN_SIDE[2] else 0
+
+
+def winograd_tile(cg: int, mg: int, oh: int, ow: int) -> int:
+    """The Winograd tile (4 or 2) the automatic choice takes for a 3x3 stride-1 convolution with
+    ``cg`` input and ``mg`` output channels per group and an ``oh x ow`` output, 0 for none
+    (where the GEMMs are OpenBLAS's; with byoc's own GEMM the shift strategy is as fast)."""
+    side = min(oh, ow)
+    if cg < _WINO_MIN_CHANNELS or mg < _WINO_MIN_CHANNELS:
+        return 0
+    if side >= _WINO_MIN_SIDE[4] and (cg * mg >= WINOGRAD_MIN_CM or side >= WINOGRAD_ANY_CM_SIDE):
+        return 4
+    return 2 if side >= max(_WINO_MIN_SIDE[2], _WINO_AUTO_F2_SIDE) else 0
+
+
+def shift_pays(cg: int, mg: int) -> bool:
+    """Whether the shift strategy beats im2col with OpenBLAS's GEMMs (one product per tap)."""
+    return cg >= SHIFT_BLAS_MIN_CG or mg < 2 * cg
 
 
 def winograd(x, xo, c, h, w, u, m, pt, pl, oh, ow, mt, y, yo) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from byoc.kernels.conv import winograd_side
+from byoc.kernels.conv import shift_pays, winograd_side, winograd_tile
 from byoc.kernels.gemm import FULL_WIDTH
 from byoc_cpu import ops
 from byoc_cpu.options import DEFAULTS
@@ -45,22 +45,11 @@ ALIGN = 16
 COL_BLOCK = 1 << 22
 #: grouped convolutions with fewer input channels per group run the direct loop nest
 DIRECT_MAX_CG = 8
-#: 3x3 stride-1 convolutions with at least this many input and output channels use Winograd
-#: where the GEMMs are OpenBLAS's (the core's threshold)
-WINOGRAD_MIN_CHANNELS = 8
-#: ... and in x out channels from this many, or an output side from WINOGRAD_ANY_CM_SIDE
-WINOGRAD_MIN_CM = 64 * 128
-WINOGRAD_ANY_CM_SIDE = 112
 #: the shift strategy needs this many channels per group, and a bounded padded-width waste
 SHIFT_MIN_CG = 16
 SHIFT_MAX_WASTE = 1.5
-#: where the GEMMs are OpenBLAS's (no full-width micro-kernel) the shift strategy is one
-#: OpenBLAS call per tap with K = channels, which packs the operands anew each time: with at
-#: most 64 input channels (K <= 64 per call) and at least twice as many output channels,
-#: im2col's single K = taps x channels product measured faster (byoc-cpu, interleaved, CPU
-#: time: SqueezeNet's expand layers -5 to -10% of the model in five runs, Inception v1 -3 to
-#: -16%); ResNet-50's 64 -> 64 layers measured 5% slower as im2col and keep shift
-SHIFT_BLAS_MIN_CG = 65
+# when Winograd and shift pay over im2col with OpenBLAS's GEMMs: the core's rules
+# (byoc.kernels.conv.winograd_tile and shift_pays), shared with the host kernels
 
 #: work below which a GEMM, or elements below which a loop, runs as one piece: handing a chunk
 #: to a pool thread costs tens of microseconds (its wake-up), as much as ~8M multiply-adds
@@ -850,15 +839,11 @@ class Lowering:
             return "direct"
         if pointwise:
             return "pointwise"
-        if (winograd_ok and side == 4 and not FULL_WIDTH and p["cg"] >= WINOGRAD_MIN_CHANNELS
-                and p["m"] >= WINOGRAD_MIN_CHANNELS and forced == "auto"
-                and (p["cg"] * p["m"] >= WINOGRAD_MIN_CM or min(p["oh"], p["ow"]) >= WINOGRAD_ANY_CM_SIDE)):
-            # OpenBLAS's GEMMs (no full-width micro-kernel on this CPU) on large planes: F(4x4, 3x3)
-            # does 4x fewer multiplications than the shift strategy's taps (VGG-19: 1.6x faster);
-            # F(2x2, 3x3) on smaller planes measured slower than shift (ResNet-50's 28x28, 14x14),
-            # and so did 64 -> 64 channels at 56x56 (its transforms weigh as much as its GEMMs)
+        if (winograd_ok and not FULL_WIDTH and forced == "auto"
+                and winograd_tile(p["cg"], p["m"], p["oh"], p["ow"]) == side):
+            # OpenBLAS's GEMMs (no full-width micro-kernel on this CPU): the core's rule
             return "winograd"
-        blas_shift_ok = FULL_WIDTH or p["cg"] >= SHIFT_BLAS_MIN_CG or p["m"] // p["group"] < 2 * p["cg"]
+        blas_shift_ok = FULL_WIDTH or shift_pays(p["cg"], p["m"] // p["group"])
         if shift_ok and p["cg"] >= SHIFT_MIN_CG and waste_ok and blas_shift_ok:
             return "shift"
         return "im2col"
