@@ -38,41 +38,58 @@ _jit = numba.njit(cache=True, boundscheck=False, nogil=True)
 @_jit
 def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
     """Max over each window (padding never wins; like the host kernels, a NaN never replaces the
-    running maximum, so it only shows when it comes first). Per output row: the maximum
-    of the window's input rows (contiguous), then of its columns (one strided pass per tap),
-    so both stages vectorise instead of chaining one comparison after another."""
-    rowmax = np.empty(w, np.float32)
+    running maximum: ``fmax``, which also vectorises where a compare-and-select measured 5x
+    slower). Per output row: the maximum of the window's input rows into a row buffer that holds
+    the left/right padding as -inf (so every column tap is in bounds), then of its columns."""
+    wb = (ow - 1) * sw + (kw - 1) * dw + 1
+    rp = np.empty(wb, np.float32)
+    q1 = max(0, min(w, wb - pl))
     for ci in range(c):
         plane = xo + ci * h * w
         for i in range(oh):
+            for q in range(wb):
+                rp[q] = NEG_INF
             k0, k1 = valid_range(kh, dh, i * sh - pt, h)
-            for q in range(w):
-                rowmax[q] = NEG_INF
             for ki in range(k0, k1):
                 row = plane + (i * sh - pt + ki * dh) * w
-                for q in range(w):
-                    v = x[U(row + q)]
-                    t = rowmax[q]
-                    rowmax[q] = v if v > t else t
+                for q in range(q1):
+                    rp[U(pl + q)] = np.fmax(rp[U(pl + q)], x[U(row + q)])
             out = yo + (ci * oh + i) * ow
-            for j in range(ow):
-                y[U(out + j)] = NEG_INF
-            for kj in range(kw):
-                off = kj * dw - pl
-                lo, hi = valid_range(ow, sw, off, w)
-                for j in range(lo, hi):
-                    v = rowmax[U(j * sw + off)]
-                    t = y[U(out + j)]
-                    y[U(out + j)] = v if v > t else t
+            if sw == 1:
+                for j in range(ow):
+                    y[U(out + j)] = rp[U(j)]
+                for kj in range(1, kw):
+                    off = kj * dw
+                    for j in range(ow):
+                        y[U(out + j)] = np.fmax(y[U(out + j)], rp[U(j + off)])
+            else:
+                for j in range(ow):
+                    m = rp[U(j * sw)]
+                    for kj in range(1, kw):
+                        m = np.fmax(m, rp[U(j * sw + kj * dw)])
+                    y[U(out + j)] = m
 
 
 @_jit
 def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo):
     """Mean over each window; ``include_pad`` counts padding cells (up to the padded extent
-    ``hp_end x wp_end``), else only cells inside the input."""
+    ``hp_end x wp_end``), else only cells inside the input. Separable like :func:`maxpool2d`:
+    column sums of the window's rows into a zero-padded row buffer, then sums of its columns,
+    then one division by the cell count."""
+    wb = (ow - 1) * sw + kw
+    rp = np.empty(wb, np.float32)
+    inv_cols = np.empty(ow, np.float32)
+    q1 = max(0, min(w, wb - pl))
+    for j in range(ow):
+        w0 = j * sw - pl
+        if include_pad:
+            cols = min(w0 + kw, wp_end - pl) - max(w0, -pl)
+        else:
+            l0, l1 = valid_range(kw, 1, w0, w)
+            cols = l1 - l0
+        inv_cols[j] = np.float32(max(cols, 1))
     for ci in range(c):
         plane = xo + ci * h * w
-        out = yo + ci * oh * ow
         for i in range(oh):
             h0 = i * sh - pt
             k0, k1 = valid_range(kh, 1, h0, h)
@@ -80,19 +97,28 @@ def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, in
                 rows = min(h0 + kh, hp_end - pt) - max(h0, -pt)
             else:
                 rows = k1 - k0
+            for q in range(wb):
+                rp[q] = F0
+            for ki in range(k0, k1):
+                row = plane + (h0 + ki) * w
+                for q in range(q1):
+                    rp[U(pl + q)] += x[U(row + q)]
+            out = yo + (ci * oh + i) * ow
+            fr = np.float32(max(rows, 1))
+            if sw == 1:
+                for j in range(ow):
+                    y[U(out + j)] = rp[U(j)]
+                for kj in range(1, kw):
+                    for j in range(ow):
+                        y[U(out + j)] += rp[U(j + kj)]
+            else:
+                for j in range(ow):
+                    acc = rp[U(j * sw)]
+                    for kj in range(1, kw):
+                        acc += rp[U(j * sw + kj)]
+                    y[U(out + j)] = acc
             for j in range(ow):
-                w0 = j * sw - pl
-                l0, l1 = valid_range(kw, 1, w0, w)
-                acc = F0
-                for ki in range(k0, k1):
-                    row = plane + (h0 + ki) * w + w0
-                    for kj in range(l0, l1):
-                        acc += x[U(row + kj)]
-                if include_pad:
-                    cols = min(w0 + kw, wp_end - pl) - max(w0, -pl)
-                else:
-                    cols = l1 - l0
-                y[U(out + i * ow + j)] = acc / np.float32(rows * cols)
+                y[U(out + j)] = y[U(out + j)] / (fr * inv_cols[j])
 
 
 @_jit
