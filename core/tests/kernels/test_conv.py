@@ -363,3 +363,29 @@ def test_strategy_rules_are_shared_with_byoc_cpu():
     assert C.shift_pays(64, 64) and C.shift_pays(128, 512) and not C.shift_pays(32, 128)
     lower = pytest.importorskip("byoc_cpu.lower")
     assert lower.winograd_tile is C.winograd_tile and lower.shift_pays is C.shift_pays
+
+
+@SETTINGS
+@given(c=st.integers(1, 4), h=st.integers(1, 9), w=st.integers(1, 9), kh=st.integers(1, 4), kw=st.integers(1, 4),
+       sh=st.integers(1, 3), sw=st.integers(1, 3), dh=st.integers(1, 2), dw=st.integers(1, 2),
+       pt=st.integers(0, 3), pl=st.integers(0, 3), pb=st.integers(0, 3), pr=st.integers(0, 3), data=st.data())
+def test_flat_im2col_equals_the_general_kernel(c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, data):
+    """The flat 2-D patch builder (host 2-D convolutions and byoc-cpu) writes exactly what the
+    general 5-D one writes, for any geometry and any block of output rows."""
+    from byoc.kernels import conv as C
+
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    if oh <= 0 or ow <= 0:
+        return
+    r0 = data.draw(st.integers(0, oh - 1))
+    r1 = data.draw(st.integers(r0 + 1, oh))
+    x = np.random.default_rng(0).standard_normal(7 + c * h * w).astype(np.float32)
+    size = c * kh * kw * (r1 - r0) * ow
+    got = np.full(size + 5, np.nan, np.float32)
+    C.im2col(x, 7, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, got, 3)
+    want = np.empty((c * kh * kw, (r1 - r0) * ow), np.float32)
+    C._im2col(x[7:].reshape(1, c, 1, h, w), 0, 0, c, 1, kh, kw, 1, sh, sw, 1, dh, dw, 0, pt, pl, 1, oh, ow, r0, r1,
+              want)
+    assert np.array_equal(got[3:3 + size], want.reshape(-1))
+    assert np.isnan(got[:3]).all() and np.isnan(got[3 + size:]).all()

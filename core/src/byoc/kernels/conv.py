@@ -55,6 +55,8 @@ from byoc.kernels.gemm import (
 )
 from byoc.kernels.registry import NodeSpec, kernel
 
+_U = np.uint64  # unsigned indices: Numba skips negative-index wraparound, so LLVM vectorises
+
 # im2col buffers are built in blocks of output rows of at most this many elements
 _COL_BLOCK = 1 << 22  # 16 MiB of float32
 _COL_BLOCK_L2 = 1 << 17  # 512 KiB: strided patch blocks built and consumed within L2
@@ -246,6 +248,39 @@ def _im2col(x, n, c0, cn, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, od_
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
+def _im2col2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co):
+    """:func:`_im2col` for one image of a 2-D convolution on flat buffers: ``x[xo:]`` holds
+    ``(c, h, w)``, ``col[co:]`` receives ``(c*kh*kw, (r1-r0)*ow)``. Plain loops on unsigned
+    flat indices (no slice objects per output row), so each row copy vectorises."""
+    ncols = (r1 - r0) * ow
+    for ci in range(c):
+        for ki in range(kh):
+            for kj in range(kw):
+                dst = co + ((ci * kh + ki) * kw + kj) * ncols
+                offw = kj * dw - pl
+                lo, hi = _valid_range(ow, sw, offw, w)
+                hi = max(hi, lo)
+                for i in range(r0, r1):
+                    ih = i * sh - pt + ki * dh
+                    d = dst + (i - r0) * ow
+                    if ih < 0 or ih >= h:
+                        for j in range(ow):
+                            col[_U(d + j)] = 0
+                        continue
+                    src = xo + (ci * h + ih) * w + offw
+                    for j in range(lo):
+                        col[_U(d + j)] = 0
+                    if sw == 1:
+                        for j in range(lo, hi):
+                            col[_U(d + j)] = x[_U(src + j)]
+                    else:
+                        for j in range(lo, hi):
+                            col[_U(d + j)] = x[_U(src + j * sw)]
+                    for j in range(hi, ow):
+                        col[_U(d + j)] = 0
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _pad_planes(x, c0, ca, cb, pt, pl, hp, wp, xp):
     """Zero-padded copy for the shift strategy, channels ``[ca, cb)`` of the group starting at
     ``c0``: channel ``c`` of image ``n`` lands at ``xp[c, n*hp*wp : (n+1)*hp*wp]`` as an
@@ -408,7 +443,6 @@ def _conv_direct(x, w, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw
                                             dst[j] += wv * src[j * sw + offw]
 
 
-_U = np.uint64  # unsigned indices: Numba skips negative-index wraparound, so LLVM vectorises
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -907,6 +941,18 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out, bias):
     if kd == 1 and od == 1 and pd == 0 and (sh > 1 or sw > 1):  # the strided path reads input depth 0
         _im2col_strided(x5, pw, g, outr, max_rows, bias)
         return
+    c_all, id_, ih, iw = x5.shape[1:]
+    xf = x5.reshape(-1)
+    flat2d = kd == 1 and od == 1 and pd == 0 and id_ == 1
+
+    def patches(n, c0, r0, r1, col):
+        # 2-D: the flat kernel (shared with byoc-cpu); 3-D: the general one
+        if flat2d:
+            _im2col2d(xf, (n * c_all + c0) * ih * iw, cg, ih, iw, kh, kw, sh, sw, dh, dw, ph, pw_, ow, r0, r1,
+                      col.reshape(-1), 0)
+        else:
+            _im2col(x5, n, c0, cg, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw_, od, oh, ow, r0, r1, col)
+
     if nt > 1 and s_out >= 512 * nt:
         # wide output: blocks of output rows, each built and multiplied by one thread
         nblocks = max(2 * nt, -(-rows // max_rows))
@@ -918,8 +964,7 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out, bias):
                 def chunk(i, n=n, gi=gi, dst=dst):
                     r0, r1 = blocks[i]
                     col = threads.scratch("conv.col_block", (krows, (r1 - r0) * ow), dt)
-                    _im2col(x5, n, gi * cg, cg, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw_, od, oh, ow, r0, r1,
-                            col)
+                    patches(n, gi * cg, r0, r1, col)
                     pw.gemm(("mat", gi), pw.mat[gi], col, dst[:, r0 * ow:r1 * ow], parallel=False, init=True,
                             bias=_bias_slice(bias, gi, mg))
 
@@ -934,7 +979,7 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out, bias):
             for r0 in range(0, rows, block):
                 r1 = min(rows, r0 + block)
                 col = col_buf[: krows * (r1 - r0) * ow].reshape(krows, (r1 - r0) * ow)
-                _im2col(x5, n, gi * cg, cg, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw_, od, oh, ow, r0, r1, col)
+                patches(n, gi * cg, r0, r1, col)
                 pw.gemm(("mat", gi), pw.mat[gi], col, outr[n, gi * mg:(gi + 1) * mg, r0 * ow:r1 * ow], init=True,
                         bias=_bias_slice(bias, gi, mg))
 
@@ -1350,9 +1395,9 @@ def pad_planes(x, xo, c, h, w, xp, po, ldp, hp, wp, pt, pl) -> None:
 def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co) -> None:
     """Patch matrix of output rows ``[r0, r1)``: ``col[co:]`` is ``(c*kh*kw, (r1-r0)*ow)``, row
     ``(ci*kh + ki)*kw + kj``."""
-    ncols = (r1 - r0) * ow
-    _im2col(_planes(x, xo, c, h, w), 0, 0, c, 1, kh, kw, 1, sh, sw, 1, dh, dw, 0, pt, pl, 1, max(r1, 1), ow,
-            r0, r1, col[co:co + c * kh * kw * ncols].reshape(c * kh * kw, ncols))
+    if c * h * w > x.shape[0] - xo or c * kh * kw * (r1 - r0) * ow > col.shape[0] - co:
+        raise ValueError("im2col: the planes or the patch matrix do not fit their buffers")
+    _im2col2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co)
 
 
 def subsample(x, xo, c, h, w, sh, sw, oh, ow, y, yo) -> None:
