@@ -936,7 +936,7 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out, bias):
     s_out = rows * ow
     krows = cg * kd * kh * kw
     outr = out.reshape(nb, out.shape[1], -1)
-    nt = threads.num_threads()
+    nt = threads.gemm_split()
     max_rows = max(1, _COL_BLOCK // max(1, krows * ow))
     if kd == 1 and od == 1 and pd == 0 and (sh > 1 or sw > 1):  # the strided path reads input depth 0
         _im2col_strided(x5, pw, g, outr, max_rows, bias)
@@ -1006,7 +1006,8 @@ def _im2col_strided(x5, pw: _ConvWeights, g, outr, max_rows, bias):
     cblocks = split(cg, nt)
     # blocks small enough that the patch rows stay in L2 between their copy and the GEMM
     rows_l2 = max(1, min(max_rows, _COL_BLOCK_L2 // max(1, krows * ow)))
-    blocks = split(oh, max(2 * nt, -(-oh // rows_l2)))
+    gt = threads.gemm_split()
+    blocks = split(oh, max(2 * gt if gt > 1 else 1, -(-oh // rows_l2)))
     for n in range(nb):
         for gi in range(pw.group):
             c0 = gi * cg
@@ -1025,7 +1026,7 @@ def _im2col_strided(x5, pw: _ConvWeights, g, outr, max_rows, bias):
                 pw.gemm(("mat", gi), pw.mat[gi], col, dst[:, r0 * ow:r1 * ow], parallel=False, init=True,
                         bias=_bias_slice(bias, gi, mg))
 
-            threads.parallel_for(chunk, len(blocks))
+            threads.gemm_for(chunk, len(blocks))
 
 
 def _winograd(x5, pw: _ConvWeights, g, bias, out):
@@ -1071,7 +1072,7 @@ def _wino_run(x5, u, group, cg, mg, mt, pt, pl, gemm, bias, out):
         def gemm_chunk(e, ug=ug, gi=gi):
             gemm(gi, e, ug[e], v[e], mo[e])
 
-        threads.parallel_for(gemm_chunk, a * a)
+        threads.gemm_for(gemm_chunk, a * a)
 
         def out_chunk(i, gi=gi):
             ma, mb = mblocks[i]
@@ -1099,12 +1100,14 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
     acc = threads.scratch("conv.acc", (mg, ncols), np.float32)
     taps = None if g.get("implicit", False) else pw.taps
     nt = threads.num_threads()
+    implicit_gemm = g.get("implicit", False)
     cblocks = split(cg, nt)
-    if ncols >= 256 * nt:
-        blocks = [(r0 * wq, r1 * wq, r0, r1) for r0, r1 in split(oh, 2 * nt)]
+    gt = nt if implicit_gemm else threads.gemm_split()  # byoc's own GEMM always uses the pool
+    if gt > 1 and ncols >= 256 * gt:
+        blocks = [(r0 * wq, r1 * wq, r0, r1) for r0, r1 in split(oh, 2 * gt)]
     else:
         blocks = None
-        mblocks = split(mg, nt, 8)
+        mblocks = split(mg, gt, 8)
     implicit = g.get("implicit", False)
     if implicit:
         rowoff = (np.arange(cg, dtype=np.int64)[:, None] * ld + np.asarray(offsets, np.int64)[None, :]).ravel()
@@ -1150,7 +1153,7 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
                         pw.gemm(("tap", gi, t), wg[t], xp[:, off + lo:off + hi], dst, parallel=False, init=t == 0)
                     _crop_rows(acc, oh, wq, oh, ow, bias, gi * mg, r0, r1, out_n)
 
-                threads.parallel_for(col_chunk, len(blocks))
+                threads.gemm_for(col_chunk, len(blocks))
             else:
 
                 def row_chunk(i, wg=wg, gi=gi, out_n=out_n):
@@ -1161,7 +1164,7 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
                                 init=t == 0)
                     _crop_planes(acc, oh, wq, oh, ow, bias, gi * mg, ma, mb, out_n)
 
-                threads.parallel_for(row_chunk, len(mblocks))
+                threads.gemm_for(row_chunk, len(mblocks))
 
 
 def _shift(x5, pw: _ConvWeights, g, bias, out):
@@ -1179,15 +1182,17 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
     acc = threads.scratch("conv.acc", (mg, ncols), np.float32)
     taps = None if g.get("implicit", False) else pw.taps
     nt = threads.num_threads()
+    implicit_gemm = g.get("implicit", False)
     cblocks = split(cg, nt)
     offsets = [i * dh * wp + j * dw for i in range(kh) for j in range(kw)]
     prow = -(-ncols // wp)  # padded rows (of width wp) the accumulator covers
-    if ncols >= 256 * nt:
+    gt = nt if implicit_gemm else threads.gemm_split()  # byoc's own GEMM always uses the pool
+    if gt > 1 and ncols >= 256 * gt:
         # wide: blocks of padded rows (columns of the accumulator), every tap, then the crop
-        blocks = [(r0 * wp, min(ncols, r1 * wp), r0, r1) for r0, r1 in split(prow, 2 * nt)]
+        blocks = [(r0 * wp, min(ncols, r1 * wp), r0, r1) for r0, r1 in split(prow, 2 * gt)]
     else:
         blocks = None
-        mblocks = split(mg, nt, 8)
+        mblocks = split(mg, gt, 8)
     implicit = g.get("implicit", False)
     if implicit:
         rowoff = (np.arange(cg, dtype=np.int64)[:, None] * ldb + np.asarray(offsets, np.int64)[None, :]).ravel()
@@ -1231,7 +1236,7 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
                     pw.gemm(("tap", gi, t), wg[t], xp[:, off + lo:off + hi], dst, parallel=False, init=t == 0)
                 _crop_rows(acc, hp, wp, oh, ow, bias, gi * mg, r0, r1, out)
 
-            threads.parallel_for(col_chunk, len(blocks))
+            threads.gemm_for(col_chunk, len(blocks))
         else:
 
             def row_chunk(i, wg=wg, gi=gi):
@@ -1242,7 +1247,7 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
                             init=t == 0)
                 _crop_planes(acc, hp, wp, oh, ow, bias, gi * mg, ma, mb, out)
 
-            threads.parallel_for(row_chunk, len(mblocks))
+            threads.gemm_for(row_chunk, len(mblocks))
 
 
 # -------------------------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ def gemm_ptr(dtype, m, n, k, a, lda, b, ldb, c, ldc, alpha=1.0, beta=0.0, trans_
     ta = _TRANS if trans_a else _NO_TRANS
     tb = _TRANS if trans_b else _NO_TRANS
     es = np.dtype(dtype).itemsize
-    nt = threads.num_threads() if parallel else 1
+    nt = threads.gemm_split() if parallel else 1
     if nt == 1 or m * n * k < _PARALLEL_MIN_MACS:
         fn(_ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
         return
@@ -335,14 +335,14 @@ def _batched(aa: np.ndarray, bb: np.ndarray, spec: NodeSpec) -> np.ndarray:
     if nb == 0:
         return out
     out_f = out.reshape(nb, m, n)
-    blocks = split(nb, threads.num_threads())
+    blocks = split(nb, threads.gemm_split())
 
     def chunk(i):
         for j in range(*blocks[i]):
             idx = np.unravel_index(j, batch)
-            matmul_into(a_b[idx], b_b[idx], out_f[j])
+            matmul_into(a_b[idx], b_b[idx], out_f[j], parallel=False)
 
-    threads.parallel_for(chunk, len(blocks))
+    threads.gemm_for(chunk, len(blocks))
     return out
 
 

@@ -38,7 +38,12 @@ user's choice and is left alone (byoc's float32 GEMM does not depend on it);
 is imported, before any kernel can run), and may be called again (it is idempotent).
 Environment switches: ``BYOC_NUM_THREADS`` sets the pool size (default: the CPUs this process
 may run on); ``BYOC_THREAD_POLICY=off`` leaves OpenBLAS and OpenMP as they are and runs every
-chunk on the calling thread; an ``OMP_WAIT_POLICY`` set by the user is respected.
+chunk on the calling thread; ``BYOC_THREAD_POLICY=blas`` gives the GEMMs to OpenBLAS's own
+threads instead: each product (each tap of a shift convolution) is one OpenBLAS call from the
+calling thread (:func:`gemm_split`, :func:`gemm_for`), whose threads share the packed operands
+where byoc's chunks each pack the weights again, while the pool still runs every other kernel:
+faster on an idle machine, fragile on a busy one (point 2); an ``OMP_WAIT_POLICY`` set by the
+user is respected.
 """
 
 from __future__ import annotations
@@ -52,11 +57,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["blas_info", "configure", "num_threads", "openblas", "openblas_symbol", "parallel_for", "scratch",
+__all__ = ["blas_gemms", "blas_info", "configure", "gemm_for", "gemm_split", "num_threads", "openblas", "openblas_symbol", "parallel_for", "scratch",
            "set_blas_threads"]
 
 _lock = threading.RLock()
 _configured = False
+_blas_gemms = False
 _info: dict[str, Any] = {}
 
 # (prefix, suffix) of the OpenBLAS symbol names, in the order tried: numpy's own build
@@ -299,6 +305,28 @@ def num_threads() -> int:
     return _pool.size if _pool is not None else 1
 
 
+def blas_gemms() -> bool:
+    """Whether GEMMs run as single OpenBLAS calls on OpenBLAS's own threads
+    (``BYOC_THREAD_POLICY=blas``) instead of being cut into chunks for byoc's pool."""
+    configure()
+    return _blas_gemms
+
+
+def gemm_split() -> int:
+    """How many pieces a kernel cuts a GEMM into for the pool (1 under the ``blas`` policy)."""
+    return 1 if blas_gemms() else num_threads()
+
+
+def gemm_for(fn, n: int) -> None:
+    """:func:`parallel_for` for chunks that call BLAS: on the calling thread, in order, under
+    the ``blas`` policy (OpenBLAS's threads do the splitting), else over the pool."""
+    if blas_gemms():
+        for i in range(n):
+            fn(i)
+    else:
+        parallel_for(fn, n)
+
+
 def parallel_for(fn, n: int) -> None:
     """Call ``fn(i)`` for ``i`` in ``range(n)``, spread over the calling thread and the pool.
 
@@ -316,14 +344,25 @@ def parallel_for(fn, n: int) -> None:
 
 def configure() -> dict[str, Any]:
     """Apply the thread policy (once per process); returns what was done."""
-    global _configured, _pool
+    global _configured, _pool, _blas_gemms
     if _configured:
         return dict(_info)
     with _lock:
         if _configured:
             return dict(_info)
-        if os.environ.get("BYOC_THREAD_POLICY", "").lower() in ("off", "0", "none"):
+        policy = os.environ.get("BYOC_THREAD_POLICY", "").lower()
+        if policy in ("off", "0", "none"):
             _info["policy"] = "off (BYOC_THREAD_POLICY): libraries untouched, kernels single-threaded"
+        elif policy == "blas":
+            n = _default_threads()
+            _info["policy"] = (f"blas (BYOC_THREAD_POLICY): each GEMM is one OpenBLAS call on {n} OpenBLAS "
+                               f"thread(s); byoc pool of {n} thread(s) for the other kernels")
+            _info["omp"] = _make_omp_passive()
+            if set_blas_threads(n):
+                _info["openblas_threads"] = n
+                _blas_gemms = True
+            if n > 1:
+                _pool = _Pool(n - 1)
         else:
             n = _default_threads()
             _info["policy"] = f"byoc pool of {n} thread(s); OpenBLAS single-threaded inside each chunk"

@@ -251,6 +251,11 @@ class Lowering:
 
             threads = policy.num_threads()
         self.nt = max(1, int(threads))
+        # pieces a GEMM is cut into for the pool: none where OpenBLAS's own threads split it
+        # (BYOC_THREAD_POLICY=blas); pads, loops and pools still use the pool
+        from byoc.kernels import threads as _policy
+
+        self.gnt = 1 if _policy.blas_gemms() else self.nt
 
     # -- phase 1: values and shapes ---------------------------------------------------------
 
@@ -689,6 +694,7 @@ class Lowering:
         logical = tuple(self._val(node.outputs[0]).shape)
         xn, tn = xref.at(0, c * h * w), tref.at(0, m * oh * ow)
         nt = self.nt if m * oh * ow * cg * kh * kw >= PAR_MIN_MACS else 1
+        gnt = min(nt, self.gnt)
         extra = []
         if p["bias"] is not None:
             extra.append(("const", np.asarray(p["bias"], dtype=np.float32).reshape(m, 1, 1)))
@@ -742,7 +748,7 @@ class Lowering:
                 acc, ncols = (tn, out_strides), oh * ow
             raw = epilogue(acc)
             if strategy == "im2col":
-                chunks = self._im2col_chunks(xn, wref, p, group, mg, kdim, tn, raw, nt, epi)
+                chunks = self._im2col_chunks(xn, wref, p, group, mg, kdim, tn, raw, gnt, epi)
             else:
                 rows = self.rows(segments)
 
@@ -752,13 +758,13 @@ class Lowering:
                             "rows": rows, "args": [ldc, lo, hi, 0]}
 
                 if group > 1:  # whole groups per chunk
-                    for g0, g1 in split(group, 2 * nt if nt > 1 else 1, 1):
+                    for g0, g1 in split(group, 2 * gnt if gnt > 1 else 1, 1):
                         chunks.append([gemm(g, 0, mg, 0, ncols) for g in range(g0, g1)] + epi(raw, 0, g0 * mg, g1 * mg))
-                elif nt > 1 and ncols >= 256 * nt:  # wide: blocks of output rows
-                    for r0, r1 in split(oh, 2 * nt, 1):
+                elif gnt > 1 and ncols >= 256 * gnt:  # wide: blocks of output rows
+                    for r0, r1 in split(oh, 2 * gnt, 1):
                         chunks.append([gemm(0, 0, m, r0 * row_width, min(ncols, r1 * row_width))] + epi(raw, 1, r0, r1))
                 else:  # narrow: blocks of output channels
-                    for m0, m1 in split(m, nt, 8):
+                    for m0, m1 in split(m, gnt, 8):
                         chunks.append([gemm(0, m0, m1, 0, ncols)] + epi(raw, 0, m0, m1))
         body = (pre if strategy == "winograd" else _par(pre)) + _par(chunks)
         info = {"node": node.name, "strategy": strategy}
@@ -877,7 +883,7 @@ class Lowering:
     def _gemm_chunks(self, m, n, k, a: Ref, lda, b: Ref, ldb, c: Ref, raw, alpha=1.0, ta=False, tb=False,
                      rows_of_a: int = 1) -> list[dict[str, Any]]:
         """An OpenBLAS GEMM (+ epilogue over (m, n)) cut into column or row blocks for the pool."""
-        nt = self.nt if m * n * k >= PAR_MIN_MACS else 1
+        nt = self.gnt if m * n * k >= PAR_MIN_MACS else 1
         chunks = []
         if n >= 2 * 16 * nt or nt == 1:
             for j0, j1 in split(n, 2 * nt if nt > 1 else 1, 16):
