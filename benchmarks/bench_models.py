@@ -13,6 +13,7 @@ byoc / onnxruntime (lower is better for byoc), and the geometric mean of the rat
     python benchmarks/bench_models.py -m resnet50 -r 20
     python benchmarks/bench_models.py -t cpu                # a plugin target vs host vs onnxruntime
     python benchmarks/bench_models.py -t cpu --json results.json
+    python benchmarks/bench_models.py -t cpu --ort-extended  # + onnxruntime without NCHWc
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import time
 import numpy as np
 
 
-def _engines(name: str, target_sets: list[list[str]], threads: int) -> tuple[list[tuple[str, object]], dict]:
+def _engines(name: str, target_sets: list[list[str]], threads: int,
+             ort_extended: bool = False) -> tuple[list[tuple[str, object]], dict]:
     """(label, run-callable) per engine, onnxruntime first, and the build facts."""
     import onnxruntime as ort
 
@@ -46,6 +48,15 @@ def _engines(name: str, target_sets: list[list[str]], threads: int) -> tuple[lis
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     info["ort_build_s"] = time.perf_counter() - t0
     engines: list[tuple[str, object]] = [("ort", lambda: sess.run(None, feeds)[0])]
+    if ort_extended:
+        # onnxruntime without its level-3 (layout) optimisations: no NCHWc blocked convolutions
+        opts_x = ort.SessionOptions()
+        opts_x.log_severity_level = 3
+        opts_x.intra_op_num_threads = threads
+        opts_x.inter_op_num_threads = 1
+        opts_x.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        sess_x = ort.InferenceSession(model.SerializeToString(), opts_x, providers=["CPUExecutionProvider"])
+        engines.append(("ortx", lambda: sess_x.run(None, feeds)[0]))
     for targets in target_sets:
         key = "+".join(targets) or "host"
         t0 = time.perf_counter()
@@ -57,9 +68,10 @@ def _engines(name: str, target_sets: list[list[str]], threads: int) -> tuple[lis
     return engines, info
 
 
-def bench_model(name: str, runs: int, target_sets: list[list[str]], threads: int = 2) -> dict:
+def bench_model(name: str, runs: int, target_sets: list[list[str]], threads: int = 2,
+                ort_extended: bool = False) -> dict:
     """One row: per engine cold time, median warm wall and CPU time, ratio to onnxruntime."""
-    engines, row = _engines(name, target_sets, threads)
+    engines, row = _engines(name, target_sets, threads, ort_extended)
     ref = None
     for label, fn in engines:
         t0 = time.perf_counter()
@@ -97,13 +109,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated target list to compare besides host-only (repeatable)")
     parser.add_argument("--threads", type=int, default=2, help="threads per engine (default 2)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--ort-extended", action="store_true",
+                        help="also time onnxruntime without its layout optimisations (column ortx: no NCHWc "
+                             "blocked convolutions), to show what its blocked layout is worth")
     args = parser.parse_args(argv)
     # byoc's pool size is read when the kernels are imported: set it before importing byoc
     os.environ["BYOC_NUM_THREADS"] = str(args.threads)
 
     target_sets = [[]] + [[t for t in s.split(",") if t] for s in (args.targets or [])]
     names = args.model or list(ZOO)
-    cols = ["+".join(t) or "host" for t in target_sets]
+    cols = (["ortx"] if args.ort_extended else []) + ["+".join(t) or "host" for t in target_sets]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"byoc vs onnxruntime, {os.cpu_count()} cores, {args.threads} threads per engine, load {load:.1f}; "
           f"interleaved, median of {args.runs} (ms; cpu = process CPU time per run)")
@@ -113,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     print(head)
     rows = []
     for name in names:
-        row = bench_model(name, args.runs, target_sets, args.threads)
+        row = bench_model(name, args.runs, target_sets, args.threads, args.ort_extended)
         rows.append(row)
         line = f"{name:<14}{row['ort_warm_s'] * 1e3:>9.1f}{row['ort_cpu_s'] * 1e3:>9.1f}"
         for c in cols:
