@@ -336,11 +336,12 @@ def _batched(aa: np.ndarray, bb: np.ndarray, spec: NodeSpec) -> np.ndarray:
         return out
     out_f = out.reshape(nb, m, n)
     blocks = split(nb, threads.gemm_split())
+    inner = len(blocks) == 1  # one block: each product may split itself over the pool
 
     def chunk(i):
         for j in range(*blocks[i]):
             idx = np.unravel_index(j, batch)
-            matmul_into(a_b[idx], b_b[idx], out_f[j], parallel=False)
+            matmul_into(a_b[idx], b_b[idx], out_f[j], parallel=inner)
 
     threads.gemm_for(chunk, len(blocks))
     return out

@@ -57,8 +57,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["blas_gemms", "blas_info", "configure", "gemm_for", "gemm_split", "num_threads", "openblas", "openblas_symbol", "parallel_for", "scratch",
-           "set_blas_threads"]
+__all__ = ["blas_gemms", "blas_info", "configure", "gemm_for", "gemm_split", "num_threads", "openblas",
+           "openblas_symbol", "parallel_for", "scratch", "set_blas_threads"]
 
 _lock = threading.RLock()
 _configured = False
