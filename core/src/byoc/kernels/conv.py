@@ -443,8 +443,6 @@ def _conv_direct(x, w, bias, has_bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw
                                             dst[j] += wv * src[j * sw + offw]
 
 
-
-
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _direct2d(x, xo, c, h, w, wt, wo, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, bias, has_bias, y, yo):
     """Output channels ``[m0, m1)`` of a 1-D/2-D grouped convolution (depthwise and other thin
