@@ -216,8 +216,11 @@ def _im2col(x, n, c0, cn, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, od_
                         else:
                             src = xc[id_, ih]
                             row[base:base + lo] = 0
+                            # an element loop, not a slice copy: a slice copy makes Numba compile its
+                            # shape-mismatch error path (string formatting, about 4 s on a first run)
                             if sw == 1:
-                                row[base + lo:base + hi] = src[lo + offw:hi + offw]
+                                for j in range(lo, hi):
+                                    row[base + j] = src[j + offw]
                             else:
                                 for j in range(lo, hi):
                                     row[base + j] = src[j * sw + offw]
