@@ -247,38 +247,34 @@ def _pad_planes(x, c0, ca, cb, pt, pl, hp, wp, xp):
     np.copyto(dst, x[:, c0 + ca:c0 + cb, 0].transpose(1, 0, 2, 3))
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _phase_planes(x, n, c0, ca, cb, sh, sw, pt, pl, hq, wq, xp):
     """Strided shift strategy: for channels ``[ca, cb)`` (of the group at ``c0``) of image ``n``,
     ``xp[c, (py*sw+px)*hq*wq + i*wq + j] = xpad[i*sh + py, j*sw + px]`` (zero outside the input),
-    one (hq, wq) plane per stride phase; the tail of the row is zero."""
+    one (hq, wq) plane per stride phase; the tail of the row is zero. NumPy: one fill, then one
+    strided copy per phase (faster than the compiled loop it replaced from 14x14 planes up, and
+    nothing to compile on a first run)."""
     h_, w_ = x.shape[3], x.shape[4]
+    if cb <= ca:
+        return
     plane = hq * wq
-    for c in range(ca, cb):
-        dst = xp[c]
-        dst[:] = 0
-        src = x[n, c0 + c, 0]
-        for py in range(sh):
-            for px in range(sw):
-                base = (py * sw + px) * plane
-                # columns j with 0 <= j*sw + px - pl < W
-                off = px - pl
-                lo = 0
-                if off < 0:
-                    lo = (-off + sw - 1) // sw
-                hi = 0
-                if w_ - 1 - off >= 0:
-                    hi = (w_ - 1 - off) // sw + 1
-                if hi > wq:
-                    hi = wq
-                for i in range(hq):
-                    r = i * sh + py - pt
-                    if r < 0 or r >= h_:
-                        continue
-                    srow = src[r]
-                    o = base + i * wq
-                    for j in range(lo, hi):
-                        dst[o + j] = srow[j * sw + off]
+    xp[ca:cb] = 0
+    for py in range(sh):
+        i_lo = max(0, -((py - pt) // sh))  # first i with i*sh + py - pt >= 0
+        i_hi = min(hq, (h_ - 1 - py + pt) // sh + 1) if h_ - 1 - py + pt >= 0 else 0
+        if i_lo >= i_hi:
+            continue
+        r_lo = i_lo * sh + py - pt
+        for px in range(sw):
+            off = px - pl
+            lo = (-off + sw - 1) // sw if off < 0 else 0
+            hi = min(wq, (w_ - 1 - off) // sw + 1) if w_ - 1 - off >= 0 else 0
+            if lo >= hi:
+                continue
+            base = (py * sw + px) * plane
+            dst = xp[ca:cb, base:base + plane].reshape(cb - ca, hq, wq)[:, i_lo:i_hi, lo:hi]
+            src = x[n, c0 + ca:c0 + cb, 0, r_lo:r_lo + (i_hi - i_lo - 1) * sh + 1:sh,
+                    lo * sw + off:(hi - 1) * sw + off + 1:sw]
+            np.copyto(dst, src)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
