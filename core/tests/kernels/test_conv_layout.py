@@ -63,3 +63,20 @@ def test_pad_planes_and_subsample_match_their_definitions(g):
     out = np.empty((nb, c, 1, oh, ow), np.float32)
     C._subsample(x, 1, sh, sw, 1, oh, ow, out)
     np.testing.assert_array_equal(out, x[:, :, :, ::sh, ::sw])
+
+
+@settings(max_examples=30)
+@given(m=st.integers(1, 6), cg=st.integers(1, 5), group=st.sampled_from([1, 2]), mt=st.sampled_from([2, 4]),
+       seed=st.integers(0, 99))
+def test_winograd_weights_are_g_w_gt(m, cg, group, mt, seed):
+    w = np.random.default_rng(seed).standard_normal((m * group, cg, 3, 3)).astype(np.float32)
+    u = C.winograd_weights(w, mt, group)
+    gm = np.asarray(C._WINO[mt][1], dtype=np.float64)
+    a = mt + 2
+    want = np.empty((group, a * a, m, cg))
+    for gi in range(group):
+        for mi in range(m):
+            for ci in range(cg):
+                want[gi, :, mi, ci] = (gm @ w[gi * m + mi, ci].astype(np.float64) @ gm.T).reshape(-1)
+    assert u.dtype == np.float32 and u.shape == want.shape
+    np.testing.assert_allclose(u, want.astype(np.float32), rtol=2e-7, atol=1e-6)
