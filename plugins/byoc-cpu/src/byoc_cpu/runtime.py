@@ -8,10 +8,12 @@ Loading an artifact never trusts it:
    the artifact carries, whose SHA-256 must equal ``metadata["source_sha256"]``; the
    constants' SHA-256 is checked the same way;
 3. only then is the source written to ``<cache>/byoc_cpu_<sha256>.py`` (once: rewriting it
-   would change its mtime and invalidate Numba's cache) and imported. Its kernels carry
-   explicit signatures and ``cache=True``, so the import compiles them the first time and
-   loads the machine code from Numba's cache (``__pycache__`` beside the file, or
-   ``NUMBA_CACHE_DIR``) every later time: loading the same bundle again does not recompile.
+   would change its mtime and invalidate Numba's cache) and imported. Its fused loops are
+   shared files beside it, one per distinct loop body (:mod:`byoc_cpu.loops`), with explicit
+   signatures and ``cache=True``, so the first import anywhere compiles a loop and every later
+   one (any region, any model, any process) loads the machine code from Numba's cache
+   (``__pycache__`` beside the file, or ``NUMBA_CACHE_DIR``): loading the same bundle again
+   does not recompile.
 
 The cache folder is the target option ``cache_dir``, else ``$BYOC_CPU_CACHE``, else
 ``~/.cache/byoc/cpu`` (never a bundle's: ``cache_dir`` is machine-local). Numba's cache index is
