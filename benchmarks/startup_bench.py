@@ -8,7 +8,7 @@ The table of issue 19, re-measured:
   compiles ResNet-50 and runs it once (median of ``--cold-repeats`` processes, the rows
   interleaved), with the default helper processes and with the other choice (one helper where
   the default is none, else none); the CPU time of helper processes is reported apart
-  (``helper_processes_cpu``);
+  (``helper_processes_cpu``); each row also gives the number of Numba compilations (nested ones included);
 * after ``byoc warmup``: the same in a new process whose empty cache was first filled by
   ``byoc warmup``.
 
@@ -20,6 +20,7 @@ machine the CPU time is the steadier of the two).
     python benchmarks/startup_bench.py --cold-only      # only the fresh-install rows
     python benchmarks/startup_bench.py --first-run-only # compile + first run with the current cache,
                                                         # and the CPU seconds of each Numba compilation
+    python benchmarks/startup_bench.py --cpu-models densenet121,alexnet  # fresh-install cpu rows for these too
     python benchmarks/startup_bench.py --json out.json
 """
 
@@ -62,7 +63,7 @@ compiled.run(feeds)
 w4, c4 = time.perf_counter(), time.process_time()
 print(json.dumps({"import": [w1 - w0, c1 - c0], "compile": [w3 - w2, c3 - c2], "first_run": [w4 - w3, c4 - c3],
                   "compile_and_first_run": [w4 - w2, (c4 - c3) + (c3 - c2)],
-                  "helper_processes_cpu": [0.0, helpers_cpu()],
+                  "helper_processes_cpu": [0.0, helpers_cpu()], "numba_compiles": len(jit_log),
                   "numba_compiles_cpu": sorted(jit_log, key=lambda c: -c[1])}))
 """
 
@@ -130,7 +131,8 @@ def fresh_install(name: str, targets: list[str], repeats: int, warm_first: bool,
                                env=env, check=True, capture_output=True)
                 warmups.append(time.perf_counter() - w)
             rows.append(_child(name, targets, env))
-    out = {key: _median_pair([r[key] for r in rows]) for key in rows[0] if key != "numba_compiles_cpu"}
+    out = {key: _median_pair([r[key] for r in rows]) for key in rows[0] if key not in ("numba_compiles_cpu", "numba_compiles")}
+    out["numba_compiles"] = statistics.median(r["numba_compiles"] for r in rows)
     if warmups:
         out["warmup_wall"] = statistics.median(warmups)
     return out
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold-only", action="store_true", help="only the fresh-install and after-warmup rows")
     parser.add_argument("--first-run-only", action="store_true",
                         help="only compile + first run of ResNet-50 in a new process with the current caches")
+    parser.add_argument("--cpu-models", default="", metavar="NAMES",
+                        help="comma-separated zoo models with a fresh-install cpu row each too (e.g. densenet121,alexnet)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args(argv)
 
@@ -172,20 +176,25 @@ def main(argv: list[str] | None = None) -> int:
         from byoc.runtime.jithelpers import helper_count
 
         other = "0" if helper_count() else "1"  # the default against the other choice
-        cold = (("fresh install, host", [], False, None), (f"fresh install, host, BYOC_JIT_HELPERS={other}", [], False, other),
-                ("fresh install, cpu", ["cpu"], False, None), ("after `byoc warmup`, host", [], True, None))
-        figs: dict[str, list[dict]] = {label: [] for label, *_ in cold}
+        r50 = "ResNet-50"
+        cold = [(r50, "fresh install, host", [], False, None),
+                (r50, f"fresh install, host, BYOC_JIT_HELPERS={other}", [], False, other),
+                (r50, "fresh install, cpu", ["cpu"], False, None), (r50, "after `byoc warmup`, host", [], True, None)]
+        cold += [(m, "fresh install, cpu", ["cpu"], False, None) for m in args.cpu_models.split(",") if m]
+        figs: dict[tuple[str, str], list[dict]] = {(m, label): [] for m, label, *_ in cold}
         for _ in range(args.cold_repeats):  # interleaved: one of each per round
-            for label, targets, warm_first, helpers in cold:
-                figs[label].append(fresh_install("resnet50", targets, 1, warm_first, helpers))
-        for label, *_ in cold:
-            runs = figs[label]
+            for model, label, targets, warm_first, helpers in cold:
+                name = "resnet50" if model == r50 else model
+                figs[model, label].append(fresh_install(name, targets, 1, warm_first, helpers))
+        for model, label, *_ in cold:
+            runs = figs[model, label]
             fig = {key: _median_pair([r[key] for r in runs]) for key in runs[0]
-                   if key not in ("warmup_wall", "numba_compiles_cpu")}
+                   if key not in ("warmup_wall", "numba_compiles_cpu", "numba_compiles")}
+            fig["numba_compilations"] = statistics.median(r["numba_compiles"] for r in runs)
             if "warmup_wall" in runs[0]:
                 fig["warmup_wall"] = statistics.median(r["warmup_wall"] for r in runs)
-            rows.append((f"ResNet-50 compile + first run, {label}", fig["compile_and_first_run"], None))
-            results[f"ResNet-50 {label}"] = fig
+            rows.append((f"{model} compile + first run, {label}", fig["compile_and_first_run"], None))
+            results[f"{model} {label}"] = fig
     print("| step | byoc (wall, cpu) | onnxruntime session |")
     print("|---|---|---|")
     for label, fig, ort in rows:
@@ -193,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, fig in results.items():
         if "compile_and_first_run" in fig:
             parts = ", ".join(f"{k} {_fmt(v)}" for k, v in fig.items() if isinstance(v, list))
-            extra = f", warmup {fig['warmup_wall']:.1f} s" if "warmup_wall" in fig else ""
+            extra = f", {fig['numba_compilations']:g} Numba compilations (nested ones included)"
+            extra += f", warmup {fig['warmup_wall']:.1f} s" if "warmup_wall" in fig else ""
             print(f"  {key}: {parts}{extra}")
     if args.json:
         with open(args.json, "w") as fh:

@@ -74,9 +74,10 @@ class _Builder:
         return outs[0]
 
     def conv(self, x: str, c_in: int, c_out: int, k: int, stride: int = 1, pad: int = 0, group: int = 1,
-             bias: bool = True) -> str:
+             bias: bool = True, out: bool = True) -> str:
         inputs = [x, self.w([c_out, c_in // group, k, k])] + ([self.w([c_out])] if bias else [])
-        return self.op("Conv", inputs, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=group)
+        return self.op("Conv", inputs, out=out, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4,
+                       group=group)
 
     def model(self) -> onnx.ModelProto:
         inputs = [h.make_tensor_value_info(n, _F, shape) for n, shape in {"x": self.x_shape, **self.more_inputs}.items()]
@@ -113,6 +114,7 @@ def _conv() -> onnx.ModelProto:
             if kw["k"] > 1:  # and with folded (writable) weights
                 b.outputs.remove(y)
                 b.op("BatchNormalization", [y, b.w([16], True), b.w([16]), b.w([16]), b.w([16], True)])
+    _blocks(b)
     # the same again followed by BatchNormalization: folding gives writable weights, which
     # Numba compiles separately from the read-only ones the frontend hands out
     for kw in shapes:
@@ -121,6 +123,19 @@ def _conv() -> onnx.ModelProto:
         b.outputs.remove(y)
         b.op("BatchNormalization", [y, b.w([c], True), b.w([c]), b.w([c]), b.w([c], True)])
     return b.model()
+
+
+def _blocks(b: _Builder) -> None:
+    """ResNet-like blocks as they are after BatchNormalization folding (Conv with bias, Relu, a
+    residual Add), on the large and the small input, only the block's end an output: a plugin
+    target then caches the fused epilogues such models run (byoc-cpu shares one compiled loop
+    between every region that runs the same loop body)."""
+    for x in b.more_inputs:
+        y = b.op("Relu", [b.conv(x, 32, 16, 1, out=False)], out=False)
+        y = b.op("Relu", [b.conv(y, 16, 16, 3, pad=1, out=False)], out=False)
+        y = b.op("Relu", [b.conv(y, 16, 16, 3, stride=2, pad=1, out=False)], out=False)
+        y = b.conv(y, 16, 32, 1, out=False)
+        b.op("Relu", [b.op("Add", [y, b.conv(x, 32, 32, 1, stride=2, out=False)], out=False)])
 
 
 def _pool() -> onnx.ModelProto:

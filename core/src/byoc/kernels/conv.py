@@ -232,8 +232,11 @@ def _im2col(x, n, c0, cn, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, od_
                         else:
                             src = xc[id_, ih]
                             row[base:base + lo] = 0
+                            # an element loop, not a slice copy: a slice copy makes Numba compile its
+                            # shape-mismatch error path (string formatting, about 4 s on a first run)
                             if sw == 1:
-                                row[base + lo:base + hi] = src[lo + offw:hi + offw]
+                                for j in range(lo, hi):
+                                    row[base + j] = src[j + offw]
                             else:
                                 for j in range(lo, hi):
                                     row[base + j] = src[j * sw + offw]
@@ -280,59 +283,47 @@ def _im2col2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, c
                         col[_U(d + j)] = 0
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _pad_planes(x, c0, ca, cb, pt, pl, hp, wp, xp):
     """Zero-padded copy for the shift strategy, channels ``[ca, cb)`` of the group starting at
     ``c0``: channel ``c`` of image ``n`` lands at ``xp[c, n*hp*wp : (n+1)*hp*wp]`` as an
-    ``(hp, wp)`` plane; the rest of the row (borders, slack) is zero."""
-    nb = x.shape[0]
-    h_, w_ = x.shape[3], x.shape[4]
-    plane = hp * wp
-    for c in range(ca, cb):
-        dst = xp[c]
-        dst[:] = 0
-        for n in range(nb):
-            src = x[n, c0 + c, 0]
-            base = n * plane
-            for i in range(h_):
-                o = base + (i + pt) * wp + pl
-                s = src[i]
-                for j in range(w_):
-                    dst[o + j] = s[j]
+    ``(hp, wp)`` plane; the rest of the row (borders, slack) is zero. NumPy (one fill, one
+    strided copy): as fast as a compiled loop here, and nothing to compile on a first run."""
+    nb, h_, w_ = x.shape[0], x.shape[3], x.shape[4]
+    if cb <= ca:
+        return
+    xp[ca:cb] = 0
+    dst = xp[ca:cb, :nb * hp * wp].reshape(cb - ca, nb, hp, wp)[:, :, pt:pt + h_, pl:pl + w_]
+    np.copyto(dst, x[:, c0 + ca:c0 + cb, 0].transpose(1, 0, 2, 3))
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _phase_planes(x, n, c0, ca, cb, sh, sw, pt, pl, hq, wq, xp):
     """Strided shift strategy: for channels ``[ca, cb)`` (of the group at ``c0``) of image ``n``,
     ``xp[c, (py*sw+px)*hq*wq + i*wq + j] = xpad[i*sh + py, j*sw + px]`` (zero outside the input),
-    one (hq, wq) plane per stride phase; the tail of the row is zero."""
+    one (hq, wq) plane per stride phase; the tail of the row is zero. NumPy: one fill, then one
+    strided copy per phase (faster than the compiled loop it replaced from 14x14 planes up, and
+    nothing to compile on a first run)."""
     h_, w_ = x.shape[3], x.shape[4]
+    if cb <= ca:
+        return
     plane = hq * wq
-    for c in range(ca, cb):
-        dst = xp[c]
-        dst[:] = 0
-        src = x[n, c0 + c, 0]
-        for py in range(sh):
-            for px in range(sw):
-                base = (py * sw + px) * plane
-                # columns j with 0 <= j*sw + px - pl < W
-                off = px - pl
-                lo = 0
-                if off < 0:
-                    lo = (-off + sw - 1) // sw
-                hi = 0
-                if w_ - 1 - off >= 0:
-                    hi = (w_ - 1 - off) // sw + 1
-                if hi > wq:
-                    hi = wq
-                for i in range(hq):
-                    r = i * sh + py - pt
-                    if r < 0 or r >= h_:
-                        continue
-                    srow = src[r]
-                    o = base + i * wq
-                    for j in range(lo, hi):
-                        dst[o + j] = srow[j * sw + off]
+    xp[ca:cb] = 0
+    for py in range(sh):
+        i_lo = max(0, -((py - pt) // sh))  # first i with i*sh + py - pt >= 0
+        i_hi = min(hq, (h_ - 1 - py + pt) // sh + 1) if h_ - 1 - py + pt >= 0 else 0
+        if i_lo >= i_hi:
+            continue
+        r_lo = i_lo * sh + py - pt
+        for px in range(sw):
+            off = px - pl
+            lo = (-off + sw - 1) // sw if off < 0 else 0
+            hi = min(wq, (w_ - 1 - off) // sw + 1) if w_ - 1 - off >= 0 else 0
+            if lo >= hi:
+                continue
+            base = (py * sw + px) * plane
+            dst = xp[ca:cb, base:base + plane].reshape(cb - ca, hq, wq)[:, i_lo:i_hi, lo:hi]
+            src = x[n, c0 + ca:c0 + cb, 0, r_lo:r_lo + (i_hi - i_lo - 1) * sh + 1:sh,
+                    lo * sw + off:(hi - 1) * sw + off + 1:sw]
+            np.copyto(dst, src)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -391,17 +382,9 @@ def _crop_rows(acc, hp, wp, oh_, ow_, bias, m0, r0, r1, out):
                 row[j] = a[o + j] + b
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _subsample(x, sd, sh, sw, od_, oh_, ow_, out):
-    nb, c_ = x.shape[0], x.shape[1]
-    for n in range(nb):
-        for c in range(c_):
-            for i in range(od_):
-                for j in range(oh_):
-                    src = x[n, c, i * sd, j * sh]
-                    dst = out[n, c, i, j]
-                    for k in range(ow_):
-                        dst[k] = src[k * sw]
+    """``out = x[:, :, ::sd, ::sh, ::sw]`` (the first ``od_, oh_, ow_``): one NumPy strided copy."""
+    np.copyto(out, x[:, :, :od_ * sd:sd, :oh_ * sh:sh, :ow_ * sw:sw])
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -1412,10 +1395,13 @@ def winograd_weights(w: np.ndarray, mt: int, group: int = 1) -> np.ndarray:
     """Winograd-domain weights ``G g G^T`` of 3x3 weights ``w`` (M, Cg, 3, 3) for F(mt x mt, 3 x 3)
     (``mt`` 2 or 4), computed in float64: an array (G, alpha^2, M/G, Cg) of ``w``'s dtype."""
     gm = np.asarray(_WINO[mt][1], dtype=np.float64)
+    a = mt + 2
     m, cg = w.shape[:2]
-    w64 = np.asarray(w, dtype=np.float64).reshape(group, m // group, cg, 3, 3)
-    u = np.einsum("ik,gmckl,jl->gijmc", gm, w64, gm)
-    return np.ascontiguousarray(u.reshape(group, (mt + 2) ** 2, m // group, cg), dtype=w.dtype)
+    # one matrix product with G (x) G: kron[i*a + j, k*3 + l] = G[i, k] * G[j, l] (5x faster than
+    # the einsum it replaced on a first run; the float64 sums round to float32 within 1 ulp of it)
+    w9 = np.asarray(w, dtype=np.float64).reshape(group, (m // group) * cg, 9)
+    u = np.matmul(np.kron(gm, gm), w9.transpose(0, 2, 1))  # (G, alpha^2, Mg*Cg)
+    return np.ascontiguousarray(u.reshape(group, a * a, m // group, cg), dtype=w.dtype)
 
 
 def winograd_side(oh: int, ow: int) -> int:

@@ -322,7 +322,8 @@ def _arg_blocks(better, x, out, r, inner, start, stop):
     idx = np.empty(inner, np.int64)
     for o in range(start, stop):
         blk = x[o * r * inner : (o + 1) * r * inner]
-        best[:] = blk[:inner]
+        for i in range(inner):  # not a slice copy: that compiles Numba's shape-error path
+            best[i] = blk[i]
         idx[:] = 0
         for j in range(1, r):
             row = blk[j * inner : (j + 1) * inner]

@@ -3,9 +3,10 @@
 The source has three parts:
 
 * float32 constants used by the fused loops (``L0 = np.float32(...)``, exact bit patterns);
-* one ``@numba.njit`` function per distinct fused loop (an epilogue or an elementwise chain),
-  with an explicit signature so the module compiles (or loads Numba's on-disk cache) when it is
-  imported, and ``cache=True`` so a second process does not compile again;
+* one ``fusedN = shared_loop('''...''')`` per distinct fused loop (an epilogue or an elementwise
+  chain): the text of an ``@numba.njit`` function with an explicit signature and ``cache=True``,
+  in a canonical form (extents, strides and float constants are arguments), so the same loop in
+  any region or model is one shared file and one compiled function (:mod:`byoc_cpu.loops`);
 * ``run(arena, consts, *inputs)``: the driver, straight-line calls in execution order: SGEMMs,
   fixed kernels from :mod:`byoc_cpu.kernels`, and the fused loops.
 
@@ -86,6 +87,7 @@ import numpy as np
 from byoc.kernels.threads import parallel_for
 from byoc_cpu import kernels as K
 from byoc_cpu.blas import Rows, sgemm, wgemm
+from byoc_cpu.loops import shared_loop
 
 # indices are unsigned: Numba then skips its negative-index wraparound, which keeps LLVM
 # from vectorising the loops
@@ -118,14 +120,21 @@ class Emitter:
         self.program = program
         self.region = program.get("region", "region")
         self.literals: dict[str, str] = {}  # float hex -> name
-        self.kernels: dict[str, str] = {}  # body text -> function name
+        self.kernels: dict[str, str] = {}  # canonical loop text -> function name
         self.kernel_src: list[str] = []
         self.lines: list[str] = []
+        self._loop_lits: dict[str, str] | None = None  # in a loop: float hex -> parameter name
 
     # -- literals and fused loops -------------------------------------------------------------
 
     def literal(self, value: float) -> str:
+        """The name of a float32 constant: inside a fused loop a parameter (``k0``, ``k1``, ... in
+        order of first use: the loop's text does not depend on the values), else a module global."""
         key = float(value).hex()
+        if self._loop_lits is not None:
+            if key not in self._loop_lits:
+                self._loop_lits[key] = f"k{len(self._loop_lits)}"
+            return self._loop_lits[key]
         if key not in self.literals:
             self.literals[key] = f"L{len(self.literals)}"
         return self.literals[key]
@@ -161,7 +170,12 @@ class Emitter:
         return template.format(**fields)
 
     def ew_kernel(self, step: dict[str, Any]) -> tuple[str, list[str]]:
-        """The fused loop of an ``ew`` step: ``(function name, call arguments)``."""
+        """The fused loop of an ``ew`` step: ``(function name, call arguments)``.
+
+        The loop's text is canonical: extents, strides (but zero ones, and the unit stride of the
+        last axis) and float constants are parameters, every name comes from a position; so the
+        same loop body in any region or model has the same text, and one shared compiled function
+        (:func:`byoc_cpu.loops.shared_loop`)."""
         dims = [int(d) for d in step["dims"]]
         r = len(dims)
         operands, outputs = step["operands"], step["outputs"]
@@ -202,6 +216,29 @@ class Emitter:
             else:
                 buffer(f"y{j}", o["ref"], o["strides"])
         body: list[str] = []
+        self._loop_lits = {}
+        try:
+            self._loop_body(step, r, index, depth, inplace, body)
+        finally:
+            lits, self._loop_lits = self._loop_lits, None
+        for key in lits:
+            params.append(lits[key])
+            sig.append("float32")
+            call.append(self.literal(float.fromhex(key)))
+        text = "\n".join(body)
+        head = f"({', '.join(params)}):"
+        loop = (f'@numba.njit("void({", ".join(sig)})", cache=True, boundscheck=False, nogil=True, '
+                f'error_model="numpy")\ndef loop{head}\n{text}\n')
+        name = self.kernels.get(loop)
+        if name is None:
+            name = f"fused{len(self.kernels)}"
+            self.kernels[loop] = name
+            self.kernel_src.append(f"{name} = shared_loop('''\\\n{loop}''')\n")
+        return name, call
+
+    def _loop_body(self, step: dict[str, Any], r: int, index: dict[str, str], depth: dict[str, int],
+                   inplace: dict[int, int], body: list[str]) -> None:
+        operands = step["operands"]
         loaded = {j: f"a{j}" for j in range(len(operands))}
         for j in range(len(operands)):
             if depth[f"x{j}"] < 0:
@@ -223,17 +260,6 @@ class Emitter:
                 body.append(f"{ind}x{i}[U({index[f'x{i}']})] = {value}")
             else:
                 body.append(f"{ind}y{j}[U({index[f'y{j}']})] = {value}")
-        text = "\n".join(body)
-        head = f"({', '.join(params)}):"
-        key = f"{','.join(sig)}|{head}\n{text}"
-        name = self.kernels.get(key)
-        if name is None:
-            name = f"fused{len(self.kernels)}"
-            self.kernels[key] = name
-            self.kernel_src.append(
-                f'@numba.njit("void({", ".join(sig)})", cache=True, boundscheck=False, nogil=True, '
-                f"error_model=\"numpy\")\ndef {name}{head}\n{text}\n")
-        return name, call
 
     # -- driver --------------------------------------------------------------------------------
 

@@ -8,10 +8,12 @@ Loading an artifact never trusts it:
    the artifact carries, whose SHA-256 must equal ``metadata["source_sha256"]``; the
    constants' SHA-256 is checked the same way;
 3. only then is the source written to ``<cache>/byoc_cpu_<sha256>.py`` (once: rewriting it
-   would change its mtime and invalidate Numba's cache) and imported. Its kernels carry
-   explicit signatures and ``cache=True``, so the import compiles them the first time and
-   loads the machine code from Numba's cache (``__pycache__`` beside the file, or
-   ``NUMBA_CACHE_DIR``) every later time: loading the same bundle again does not recompile.
+   would change its mtime and invalidate Numba's cache) and imported. Its fused loops are
+   shared files beside it, one per distinct loop body (:mod:`byoc_cpu.loops`), with explicit
+   signatures and ``cache=True``, so the first import anywhere compiles a loop and every later
+   one (any region, any model, any process) loads the machine code from Numba's cache
+   (``__pycache__`` beside the file, or ``NUMBA_CACHE_DIR``): loading the same bundle again
+   does not recompile.
 
 The cache folder is the target option ``cache_dir``, else ``$BYOC_CPU_CACHE``, else
 ``~/.cache/byoc/cpu`` (never a bundle's: ``cache_dir`` is machine-local). Numba's cache index is
@@ -39,7 +41,7 @@ import numpy as np
 from byoc.contract import InputError, PluginError
 from byoc.contract import Artifact
 
-from byoc_cpu import CODEGEN_VERSION
+from byoc_cpu import CODEGEN_VERSION, loops
 from byoc_cpu.artifact import FORMAT, TARGET, sha256, unpack_constants
 from byoc_cpu.emit import emit
 from byoc_cpu.verify import ProgramError, verify
@@ -62,7 +64,7 @@ def cache_dir(options: Mapping[str, Any] | None = None) -> Path:
 
 #: marks a cache folder byoc-cpu made (the only kind whose Numba index files, a pickle format, are read)
 MARKER = ".byoc-cpu-cache"
-_OWN_NAME = re.compile(r"byoc_cpu_[0-9a-f]{64}\.py|__pycache__|\.byoc_cpu_.*\.tmp|\.probe-.*")
+_OWN_NAME = re.compile(r"byoc_(?:cpu|loop)_[0-9a-f]{64}\.py|__pycache__|\.byoc_(?:cpu|loop)_.*\.tmp|\.probe-.*")
 
 
 def check_cache_dir(folder: Path) -> None:
@@ -119,12 +121,19 @@ def max_modules() -> int:
         return DEFAULT_MAX_MODULES
 
 
-def evict(folder: Path, limit: int, keep: set[str] = frozenset()) -> list[str]:
-    """Delete the oldest generated modules (and their Numba cache files) beyond ``limit``, never
-    one in ``keep`` (digests imported by this process); returns the digests removed."""
+#: shared loop files kept per generated module kept (:mod:`byoc_cpu.loops`)
+LOOPS_PER_MODULE = 8
+
+
+def evict(folder: Path, limit: int, keep: set[str] = frozenset(), prefix: str = "byoc_cpu_") -> list[str]:
+    """Delete the oldest generated modules (``prefix`` ``byoc_loop_``: shared loop files) and their
+    Numba cache files beyond ``limit``, never one in ``keep`` (digests imported by this process);
+    returns the digests removed."""
     modules = []
-    for path in folder.glob("byoc_cpu_*.py"):
-        digest = path.stem[len("byoc_cpu_"):]
+    for path in folder.glob(f"{prefix}*.py"):
+        digest = path.stem[len(prefix):]
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            continue
         try:
             modules.append((path.stat().st_mtime_ns, digest, path))
         except OSError:
@@ -133,7 +142,7 @@ def evict(folder: Path, limit: int, keep: set[str] = frozenset()) -> list[str]:
     for _, digest, path in sorted(modules)[: max(0, len(modules) - limit)]:
         if digest in keep:
             continue
-        for victim in [path, *(folder / "__pycache__").glob(f"byoc_cpu_{digest}.*")]:
+        for victim in [path, *(folder / "__pycache__").glob(f"{prefix}{digest}.*")]:
             try:
                 victim.unlink()
             except OSError:
@@ -142,18 +151,25 @@ def evict(folder: Path, limit: int, keep: set[str] = frozenset()) -> list[str]:
     return removed
 
 
-def _module_file(folder: Path, source: str, digest: str) -> Path:
-    path = folder / f"byoc_cpu_{digest}.py"
-    data = source.encode("utf-8")
+def write_once(path: Path, data: str) -> Path:
+    """``path`` holding ``data``: left alone when it already does (rewriting it would change its mtime
+    and invalidate Numba's cache), else written atomically."""
+    raw = data.encode("utf-8")
     try:
-        if path.read_bytes() == data:
+        if path.read_bytes() == raw:
             return path
     except OSError:
         pass
-    tmp = folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-    tmp.write_bytes(data)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    tmp.write_bytes(raw)
     os.replace(tmp, path)
+    return path
+
+
+def _module_file(folder: Path, source: str, digest: str) -> Path:
+    path = write_once(folder / f"byoc_cpu_{digest}.py", source)
     evict(folder, max_modules(), keep=set(_modules) | {digest})
+    evict(folder, LOOPS_PER_MODULE * max_modules(), keep=loops.imported(), prefix="byoc_loop_")
     return path
 
 
@@ -163,7 +179,8 @@ def import_source(source: str, digest: str, folder: Path) -> Any:
         mod = _modules.get(digest)
         if mod is not None:
             return mod
-        path = _module_file(_writable_dir(folder), source, digest)
+        folder = _writable_dir(folder)
+        path = _module_file(folder, source, digest)
         name = f"byoc_cpu_generated_{digest[:16]}"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:  # pragma: no cover
@@ -173,7 +190,8 @@ def import_source(source: str, digest: str, folder: Path) -> Any:
         code = compile(source, str(path), "exec")
         sys.modules[name] = mod
         try:
-            exec(code, mod.__dict__)  # noqa: S102 - the verified, regenerated source (see the module doc)
+            with loops.folder_for_imports(folder):  # its shared loops live beside it
+                exec(code, mod.__dict__)  # noqa: S102 - the verified, regenerated source (see the module doc)
         except BaseException:
             sys.modules.pop(name, None)
             raise
