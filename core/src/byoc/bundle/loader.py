@@ -39,6 +39,7 @@ from byoc.partition.records import NodeRecord
 from byoc.contract import REGION_DOMAIN, REGION_OP, Artifact, Region, Target
 from byoc.contract.options import bundle_options
 from byoc.plugins import PluginFault, get_registry
+from byoc.runtime import jitinit
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.plan import build_plan
 from byoc.runtime.specialize import ShapeKey, Specializer, has_symbolic_inputs, shape_key
@@ -213,6 +214,7 @@ def load(
     :raises OptionError: a bundle or user option the installed target does not accept.
     """
     check_load_args(path, budget=budget)
+    jitinit.start()  # Numba's start-up overlaps the reading and checking below
     if fallback not in (None, "error", "host"):
         raise OptionError(f"fallback must be None/'error' (refuse) or 'host', got {fallback!r}")
     reader = Reader(Path(os.fspath(path)), budget or DEFAULT_BUDGET)
