@@ -31,12 +31,13 @@ U = np.uint64
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
 NEG_INF = np.float32(-np.inf)
+NAN = np.float32(np.nan)
 
 _jit = numba.njit(cache=True, boundscheck=False, nogil=True)
 
 
 @_jit
-def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
+def _maxpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
     """Max over each window (padding never wins; like the host kernels, a NaN never replaces the
     running maximum: ``fmax``, which also vectorises where a compare-and-select measured 5x
     slower). Per output row: the maximum of the window's input rows into a row buffer that holds
@@ -71,14 +72,14 @@ def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
 
 
 @_jit
-def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo):
+def _avgpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo):
     """Mean over each window; ``include_pad`` counts padding cells (up to the padded extent
     ``hp_end x wp_end``), else only cells inside the input. Separable like :func:`maxpool2d`:
     column sums of the window's rows into a zero-padded row buffer, then sums of its columns,
     then one division by the cell count."""
     wb = (ow - 1) * sw + kw
     rp = np.empty(wb, np.float32)
-    inv_cols = np.empty(ow, np.float32)
+    cols_f = np.empty(ow, np.float32)
     q1 = max(0, min(w, wb - pl))
     for j in range(ow):
         w0 = j * sw - pl
@@ -87,7 +88,9 @@ def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, in
         else:
             l0, l1 = valid_range(kw, 1, w0, w)
             cols = l1 - l0
-        inv_cols[j] = np.float32(max(cols, 1))
+        # a window with no cell to count (only where pads reach past the kernel) is NaN, as on
+        # the host (0 / 0); a NaN divisor gives it without a division by zero
+        cols_f[j] = np.float32(cols) if cols > 0 else NAN
     for ci in range(c):
         plane = xo + ci * h * w
         for i in range(oh):
@@ -104,7 +107,7 @@ def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, in
                 for q in range(q1):
                     rp[U(pl + q)] += x[U(row + q)]
             out = yo + (ci * oh + i) * ow
-            fr = np.float32(max(rows, 1))
+            fr = np.float32(rows) if rows > 0 else NAN
             if sw == 1:
                 for j in range(ow):
                     y[U(out + j)] = rp[U(j)]
@@ -118,7 +121,87 @@ def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, in
                         acc += rp[U(j * sw + kj)]
                     y[U(out + j)] = acc
             for j in range(ow):
-                y[U(out + j)] = y[U(out + j)] / (fr * inv_cols[j])
+                y[U(out + j)] = y[U(out + j)] / (fr * cols_f[j])
+
+
+@_jit
+def _maxpool2d_direct(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
+    """:func:`maxpool2d` without a padded row buffer (windows far apart: see :func:`_sparse`)."""
+    rowmax = np.empty(w, np.float32)
+    for ci in range(c):
+        plane = xo + ci * h * w
+        for i in range(oh):
+            k0, k1 = valid_range(kh, dh, i * sh - pt, h)
+            for q in range(w):
+                rowmax[q] = NEG_INF
+            for ki in range(k0, k1):
+                row = plane + (i * sh - pt + ki * dh) * w
+                for q in range(w):
+                    v = x[U(row + q)]
+                    t = rowmax[q]
+                    rowmax[q] = v if v > t else t
+            out = yo + (ci * oh + i) * ow
+            for j in range(ow):
+                y[U(out + j)] = NEG_INF
+            for kj in range(kw):
+                off = kj * dw - pl
+                lo, hi = valid_range(ow, sw, off, w)
+                for j in range(lo, hi):
+                    v = rowmax[U(j * sw + off)]
+                    t = y[U(out + j)]
+                    y[U(out + j)] = v if v > t else t
+
+
+@_jit
+def _avgpool2d_direct(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo):
+    """:func:`avgpool2d` without a padded row buffer (windows far apart: see :func:`_sparse`)."""
+    for ci in range(c):
+        plane = xo + ci * h * w
+        out = yo + ci * oh * ow
+        for i in range(oh):
+            h0 = i * sh - pt
+            k0, k1 = valid_range(kh, 1, h0, h)
+            if include_pad:
+                rows = min(h0 + kh, hp_end - pt) - max(h0, -pt)
+            else:
+                rows = k1 - k0
+            for j in range(ow):
+                w0 = j * sw - pl
+                l0, l1 = valid_range(kw, 1, w0, w)
+                acc = F0
+                for ki in range(k0, k1):
+                    row = plane + (h0 + ki) * w + w0
+                    for kj in range(l0, l1):
+                        acc += x[U(row + kj)]
+                if include_pad:
+                    cols = min(w0 + kw, wp_end - pl) - max(w0, -pl)
+                else:
+                    cols = l1 - l0
+                y[U(out + i * ow + j)] = acc / np.float32(rows * cols) if rows * cols > 0 else NAN
+
+
+def _sparse(w: int, ow: int, kw: int, span: int) -> bool:
+    """Whether a row buffer spanning every window of an output row (``span`` elements) would be
+    much larger than the input and output rows: hostile strides, pads or dilations must not size
+    a work buffer (or a loop over it) from attributes alone."""
+    return span > 4 * (w + ow * kw) + 4096
+
+
+def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo) -> None:
+    """Max pooling of ``c`` planes ``(h, w)`` at ``x[xo:]`` into ``y[yo:]`` (``(oh, ow)`` each):
+    a NaN never replaces the running maximum and padding never wins."""
+    if _sparse(w, ow, kw, (ow - 1) * sw + (kw - 1) * dw + 1):
+        _maxpool2d_direct(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo)
+    else:
+        _maxpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo)
+
+
+def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo) -> None:
+    """Average pooling (``include_pad``: padding cells up to ``hp_end x wp_end`` count)."""
+    if _sparse(w, ow, kw, (ow - 1) * sw + kw):
+        _avgpool2d_direct(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo)
+    else:
+        _avgpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo)
 
 
 @_jit
