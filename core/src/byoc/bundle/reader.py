@@ -259,6 +259,10 @@ def parse_onnx(data: bytes, name: str, origin: str, budget: Budget, artifact: by
         value = model.graph.initializers.get(t.name) if arr is not None else None
         if value is not None:
             value.const_value = ir.Tensor(arr, name=t.name, doc_string=t.doc_string or None)
+    # every reference is now a view (or was copied back): nothing may be left to read from a file
+    for value in model.graph.initializers.values():
+        if isinstance(value.const_value, ir.ExternalTensor):
+            raise fail(f"initializer {value.name!r} refers to external data; a bundle holds all its data")
     # a model of IR version < 4 is written with its initializers listed as inputs (its own IR's
     # rule, see byoc.bundle.writer): read them as the constants they are
     drop_legacy_initializer_inputs(model)
