@@ -22,6 +22,7 @@ import re
 from typing import Any
 
 from byoc_cpu import CODEGEN_VERSION, __version__
+from byoc_cpu.loops import CONSTANTS
 
 #: instruction -> (arity, template); operands are names, ``{a}``/``{b}`` the arguments
 INSTRUCTIONS: dict[str, tuple[int, str]] = {
@@ -91,17 +92,7 @@ from byoc_cpu.loops import shared_loop
 
 # indices are unsigned: Numba then skips its negative-index wraparound, which keeps LLVM
 # from vectorising the loops
-U = np.uint64
-F0 = np.float32(0.0)
-F1 = np.float32(1.0)
-F1_2 = np.float32(0.5)
-F1_6 = np.float32(1.0 / 6.0)
-NAN = np.float32(np.nan)
-NEG_INF = np.float32(-np.inf)
-RSQRT2 = np.float32(0.7071067811865476)
-SQRT_2_PI = np.float32(0.7978845608028654)
-GELU_C = np.float32(0.044715)
-'''
+''' + CONSTANTS
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.:/-]")
 

@@ -37,6 +37,18 @@ _jit = numba.njit(cache=True, boundscheck=False, nogil=True)
 
 
 @_jit
+def _cells(o, s, p, k, n, end, include_pad):
+    """Window ``o`` of a 1-D average pool (stride ``s``, leading pad ``p``, kernel ``k`` over
+    ``n`` inputs): the range ``[k0, k1)`` of its taps inside the input and the cells it counts
+    (``include_pad``: padding up to the padded extent ``end`` counts too)."""
+    a = o * s - p
+    k0, k1 = valid_range(k, 1, a, n)
+    if include_pad:
+        return k0, k1, min(a + k, end - p) - max(a, -p)
+    return k0, k1, k1 - k0
+
+
+@_jit
 def _maxpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
     """Max over each window (padding never wins; like the host kernels, a NaN never replaces the
     running maximum: ``fmax``, which also vectorises where a compare-and-select measured 5x
@@ -82,12 +94,7 @@ def _avgpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_e
     cols_f = np.empty(ow, np.float32)
     q1 = max(0, min(w, wb - pl))
     for j in range(ow):
-        w0 = j * sw - pl
-        if include_pad:
-            cols = min(w0 + kw, wp_end - pl) - max(w0, -pl)
-        else:
-            l0, l1 = valid_range(kw, 1, w0, w)
-            cols = l1 - l0
+        _, _, cols = _cells(j, sw, pl, kw, w, wp_end, include_pad)
         # a window with no cell to count (only where pads reach past the kernel) is NaN, as on
         # the host (0 / 0); a NaN divisor gives it without a division by zero
         cols_f[j] = np.float32(cols) if cols > 0 else NAN
@@ -95,11 +102,7 @@ def _avgpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_e
         plane = xo + ci * h * w
         for i in range(oh):
             h0 = i * sh - pt
-            k0, k1 = valid_range(kh, 1, h0, h)
-            if include_pad:
-                rows = min(h0 + kh, hp_end - pt) - max(h0, -pt)
-            else:
-                rows = k1 - k0
+            k0, k1, rows = _cells(i, sh, pt, kh, h, hp_end, include_pad)
             for q in range(wb):
                 rp[q] = F0
             for ki in range(k0, k1):
@@ -160,23 +163,15 @@ def _avgpool2d_direct(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp
         out = yo + ci * oh * ow
         for i in range(oh):
             h0 = i * sh - pt
-            k0, k1 = valid_range(kh, 1, h0, h)
-            if include_pad:
-                rows = min(h0 + kh, hp_end - pt) - max(h0, -pt)
-            else:
-                rows = k1 - k0
+            k0, k1, rows = _cells(i, sh, pt, kh, h, hp_end, include_pad)
             for j in range(ow):
                 w0 = j * sw - pl
-                l0, l1 = valid_range(kw, 1, w0, w)
+                l0, l1, cols = _cells(j, sw, pl, kw, w, wp_end, include_pad)
                 acc = F0
                 for ki in range(k0, k1):
                     row = plane + (h0 + ki) * w + w0
                     for kj in range(l0, l1):
                         acc += x[U(row + kj)]
-                if include_pad:
-                    cols = min(w0 + kw, wp_end - pl) - max(w0, -pl)
-                else:
-                    cols = l1 - l0
                 y[U(out + i * ow + j)] = acc / np.float32(rows * cols) if rows * cols > 0 else NAN
 
 
