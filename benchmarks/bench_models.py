@@ -5,7 +5,10 @@ process: onnxruntime, byoc host-only and each ``--targets`` set are built, run o
 JIT or cache load, allocations), then timed **interleaved**: every repeat runs each engine once,
 round-robin (ort, host, cpu, ort, host, cpu, ...; the starting engine rotates), so a load drift
 from other processes hits all engines alike. Each engine gets the same number of threads
-(``--threads``, default 2: onnxruntime's intra-op pool, byoc's ``BYOC_NUM_THREADS``). Reported:
+(``--threads``, default 2: onnxruntime's intra-op pool, byoc's ``BYOC_NUM_THREADS``).
+onnxruntime's pool threads do not busy-wait after a run (``--ort-spin`` restores its default):
+spinning, they take a core from the engine timed next, and onnxruntime measured faster without
+it as well (``byoc.testing.oracle.ort_peer_session``). Reported:
 median wall time, median CPU time of the process (all threads) per run, the wall ratio
 byoc / onnxruntime (lower is better for byoc), and the geometric mean of the ratios.
 
@@ -30,32 +33,22 @@ import numpy as np
 
 
 def _engines(name: str, target_sets: list[list[str]], threads: int,
-             ort_extended: bool = False) -> tuple[list[tuple[str, object]], dict]:
+             ort_extended: bool = False, ort_spin: bool = False) -> tuple[list[tuple[str, object]], dict]:
     """(label, run-callable) per engine, onnxruntime first, and the build facts."""
-    import onnxruntime as ort
-
     import byoc
+    from byoc.testing.oracle import ort_peer_session
     from byoc.testing.zoo import load_zoo, zoo_inputs
 
     model = load_zoo(name)
     feeds = zoo_inputs(model)
     info: dict = {"model": name}
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
     t0 = time.perf_counter()
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = ort_peer_session(model, threads, spin=ort_spin)
     info["ort_build_s"] = time.perf_counter() - t0
     engines: list[tuple[str, object]] = [("ort", lambda: sess.run(None, feeds)[0])]
     if ort_extended:
         # onnxruntime without its level-3 (layout) optimisations: no NCHWc blocked convolutions
-        opts_x = ort.SessionOptions()
-        opts_x.log_severity_level = 3
-        opts_x.intra_op_num_threads = threads
-        opts_x.inter_op_num_threads = 1
-        opts_x.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        sess_x = ort.InferenceSession(model.SerializeToString(), opts_x, providers=["CPUExecutionProvider"])
+        sess_x = ort_peer_session(model, threads, extended_only=True, spin=ort_spin)
         engines.append(("ortx", lambda: sess_x.run(None, feeds)[0]))
     for targets in target_sets:
         key = "+".join(targets) or "host"
@@ -69,9 +62,9 @@ def _engines(name: str, target_sets: list[list[str]], threads: int,
 
 
 def bench_model(name: str, runs: int, target_sets: list[list[str]], threads: int = 2,
-                ort_extended: bool = False) -> dict:
+                ort_extended: bool = False, ort_spin: bool = False) -> dict:
     """One row: per engine cold time, median warm wall and CPU time, ratio to onnxruntime."""
-    engines, row = _engines(name, target_sets, threads, ort_extended)
+    engines, row = _engines(name, target_sets, threads, ort_extended, ort_spin)
     ref = None
     for label, fn in engines:
         t0 = time.perf_counter()
@@ -100,6 +93,11 @@ def bench_model(name: str, runs: int, target_sets: list[list[str]], threads: int
 
 
 def main(argv: list[str] | None = None) -> int:
+    # byoc sizes its thread pool when its kernels are imported (any byoc import, the zoo's
+    # included): read --threads and set the pool size before importing anything of byoc
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--threads", type=int, default=2)
+    os.environ["BYOC_NUM_THREADS"] = str(pre.parse_known_args(argv)[0].threads)
     from byoc.testing.zoo import ZOO
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,15 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ort-extended", action="store_true",
                         help="also time onnxruntime without its layout optimisations (column ortx: no NCHWc "
                              "blocked convolutions), to show what its blocked layout is worth")
+    parser.add_argument("--ort-spin", action="store_true",
+                        help="leave onnxruntime's pool threads busy-waiting after each run (its default)")
     args = parser.parse_args(argv)
-    # byoc's pool size is read when the kernels are imported: set it before importing byoc
-    os.environ["BYOC_NUM_THREADS"] = str(args.threads)
 
     target_sets = [[]] + [[t for t in s.split(",") if t] for s in (args.targets or [])]
     names = args.model or list(ZOO)
     cols = (["ortx"] if args.ort_extended else []) + ["+".join(t) or "host" for t in target_sets]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"byoc vs onnxruntime, {os.cpu_count()} cores, {args.threads} threads per engine, load {load:.1f}; "
+    from byoc.kernels import threads
+
+    print(f"byoc vs onnxruntime, {os.cpu_count()} cores, {args.threads} threads per engine (byoc pool: "
+          f"{threads.num_threads()}), onnxruntime spinning {'on' if args.ort_spin else 'off'}, load {load:.1f}; "
           f"interleaved, median of {args.runs} (ms; cpu = process CPU time per run)")
     head = f"{'model':<14}{'ort':>9}{'ort cpu':>9}"
     for c in cols:
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     print(head)
     rows = []
     for name in names:
-        row = bench_model(name, args.runs, target_sets, args.threads, args.ort_extended)
+        row = bench_model(name, args.runs, target_sets, args.threads, args.ort_extended, args.ort_spin)
         rows.append(row)
         line = f"{name:<14}{row['ort_warm_s'] * 1e3:>9.1f}{row['ort_cpu_s'] * 1e3:>9.1f}"
         for c in cols:

@@ -80,16 +80,15 @@ def best_of(fn, reps):
     return best
 
 
-def time_model(name: str, so, reps: int) -> None:
-    import onnxruntime as ort
-
+def time_model(name: str, ort_threads: int | None, reps: int) -> None:
     import byoc
+    from byoc.testing.oracle import ort_peer_session
     from byoc.testing.zoo import load_zoo, zoo_inputs
 
     model = load_zoo(name)
     feeds = zoo_inputs(model)
     compiled = byoc.compile(model, targets=[])
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort_peer_session(model, ort_threads)
     ours, ref = list(compiled.run(feeds).values()), sess.run(None, feeds)
     for a, b in zip(ours, ref):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
@@ -119,17 +118,13 @@ def main() -> None:
 
     if args.threads:
         os.environ["BYOC_NUM_THREADS"] = str(args.threads)  # read when byoc's kernels load
-    import onnxruntime as ort
-
     import byoc
     from byoc.kernels import threads
+    from byoc.testing.oracle import ort_peer_session
     print("thread policy:", threads.blas_info())
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if args.threads:
-        so.intra_op_num_threads = args.threads
+    ort_threads = args.threads or None
     if args.model:
-        time_model(args.model, so, max(args.reps, 10))
+        time_model(args.model, ort_threads, max(args.reps, 10))
         return
 
     total_b = total_o = 0.0
@@ -140,7 +135,7 @@ def main() -> None:
             continue
         model, feeds = conv_model(xshape, wshape, stride, pad)
         compiled = byoc.compile(model, targets=[])
-        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = ort_peer_session(model, ort_threads)
         ours = compiled.run(feeds)["y"]
         ref = sess.run(None, feeds)[0]
         np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3)

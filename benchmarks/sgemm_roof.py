@@ -85,18 +85,15 @@ def conv_model(c, h, w, co, k, s, p):
 
 
 def convs(runs: int, threads: int, target_sets: list[list[str]], top: float) -> list[str]:
-    import onnxruntime as ort
-
     import byoc
+    from byoc.testing.oracle import ort_peer_session
 
     lines = []
     for label, *g in CONVS:
         m, k, n = _gemm_shape(*g)
         model = conv_model(*g)
         x = np.random.default_rng(2).standard_normal((1, g[0], g[1], g[2]), dtype=np.float32)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        sess = ort_peer_session(model, threads)
         engines = [("ort", lambda s=sess, x=x: s.run(None, {"x": x}))]
         for targets in target_sets:
             cm = byoc.compile(model, targets=targets)

@@ -81,6 +81,35 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> lis
     return list(sess.run(None, feeds))
 
 
+def ort_peer_session(model: onnx.ModelProto | bytes, threads: int | None = None, *, extended_only: bool = False,
+                     spin: bool = False):
+    """An onnxruntime CPU session set up as the speed peer of a benchmark that times it
+    interleaved with byoc in one process.
+
+    ``threads`` sets its intra-op pool (``None``: onnxruntime's default). ``extended_only`` stops
+    its graph optimisations at ORT_ENABLE_EXTENDED (no level-3 layout pass: no NCHWc blocked
+    convolutions). ``spin`` keeps onnxruntime's default of pool threads that busy-wait after
+    every run; off by default, because interleaved with another engine those threads take a core
+    from whichever engine runs next. Measured on the 2-core development machine (ResNet-50,
+    2 threads each, interleaved): with spinning, byoc-cpu took 86-111 ms and onnxruntime itself
+    49-60 ms; without, 69 ms and 47 ms. Turning it off made onnxruntime faster too, so the peer is
+    at its best, not handicapped.
+    """
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if threads is not None:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    if extended_only:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    if not spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+
+
 def assert_close(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], rtol: float = 1e-4, atol: float = 1e-5) -> None:
     assert len(actual) == len(expected), f"{len(actual)} outputs, expected {len(expected)}"
     for i, (a, e) in enumerate(zip(actual, expected)):
