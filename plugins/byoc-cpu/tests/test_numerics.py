@@ -186,6 +186,20 @@ def test_core_micro_kernel_is_the_one_called(strategy):
     assert_close(got, onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_small_output_im2col_splits_channels(threads):
+    # 7x7 output, 14M multiply-adds: with two threads the channels are split (one shared patch
+    # matrix) rather than the 49 columns; batch 2 runs the program per image
+    rng = np.random.default_rng(5)
+    model = make_model([helper.make_node("Conv", ["x", "W", "B"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1]),
+                        helper.make_node("Relu", ["c"], ["y"])], {"x": (2, 256, 14, 14)}, ["y"],
+                       {"W": (rng.standard_normal((136, 256, 3, 3)) * 0.05).astype(np.float32),
+                        "B": rng.standard_normal(136).astype(np.float32)})
+    feeds = {"x": rng.standard_normal((2, 256, 14, 14)).astype(np.float32)}
+    cpu = compile_cpu(model, conv_strategy="im2col", threads=threads)
+    assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+
+
 def test_conv_1d_and_batch():
     rng = np.random.default_rng(0)
     model = make_model([helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1]),

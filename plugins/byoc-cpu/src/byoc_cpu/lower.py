@@ -55,6 +55,9 @@ SHIFT_MAX_WASTE = 1.5
 #: to a pool thread costs tens of microseconds (its wake-up), as much as ~8M multiply-adds
 PAR_MIN_MACS = 1 << 23
 PAR_MIN_ELEMENTS = 1 << 18
+#: an im2col convolution whose row blocks would average fewer output columns than this splits
+#: its output channels over the pool instead (one shared patch matrix)
+IM2COL_NARROW = 64
 
 #: the options the lowering reads (declared, with their defaults, in :mod:`byoc_cpu.options`)
 DEFAULT_OPTIONS = {k: v for k, v in DEFAULTS.items() if k in ("fuse", "concat_in_place", "conv_strategy", "threads")}
@@ -748,7 +751,7 @@ class Lowering:
                 acc, ncols = (tn, out_strides), oh * ow
             raw = epilogue(acc)
             if strategy == "im2col":
-                chunks = self._im2col_chunks(xn, wref, p, group, mg, kdim, tn, raw, gnt, epi)
+                pre, chunks = self._im2col_chunks(xn, wref, p, group, mg, kdim, tn, raw, gnt, epi)
             else:
                 rows = self.rows(segments)
 
@@ -802,11 +805,21 @@ class Lowering:
         return self.rows_index[key]
 
     def _im2col_chunks(self, xn: Ref, wref: Ref, p, group, mg, krows, tn: Ref, raw, nt, epi):
-        """Patch matrices per block of output rows; blocks run in parallel, each with its own buffer."""
+        """(pre, chunks): patch matrices per block of output rows; blocks run in parallel, each with
+        its own buffer. A small output (few columns per block: the 7x7 planes of a classifier's last
+        stage) instead gets one patch matrix, and the blocks are of output channels, each a GEMM
+        over all the columns: 49 columns cut in four ran the GEMMs at half speed."""
         h, w, oh, ow, cg = p["h"], p["w"], p["oh"], p["ow"], p["cg"]
         geo = [p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"], p["pt"], p["pl"], ow]
         rows_cap = max(1, COL_BLOCK // max(1, krows * ow))
         parts = max(2 * nt if nt > 1 else 1, -(-oh // rows_cap))
+        if group == 1 and nt > 1 and oh <= rows_cap and oh * ow < IM2COL_NARROW * parts and mg >= 8 * nt:
+            col = Ref(self.scratch(krows * oh * ow))
+            pre = [{"kind": "im2col", "x": xn, "y": col, "args": [cg, h, w] + geo + [0, oh]}]
+            rows = self.rows([[0, krows, oh * ow]])
+            return pre, [[{"kind": "wgemm", "w": self.weight(wref.at(m0 * krows), m1 - m0, krows, krows), "b": col,
+                           "c": tn.at(m0 * oh * ow), "rows": rows, "args": [oh * ow, 0, oh * ow, 0]}]
+                         + epi(raw, 0, m0, m1) for m0, m1 in split(mg, nt, 8)]
         chunks = []
         for r0, r1 in split(oh, parts, 1):
             width = (r1 - r0) * ow
@@ -820,7 +833,7 @@ class Lowering:
                 steps.append({"kind": "wgemm", "w": wi, "b": col, "c": tn.at(g * mg * oh * ow + r0 * ow),
                               "rows": rows, "args": [oh * ow, 0, width, 0]})
             chunks.append(steps + epi(raw, 1, r0, r1))
-        return chunks
+        return [], chunks
 
     def conv_strategy(self, p: dict[str, Any]) -> str:
         pointwise = p["kh"] == 1 and p["kw"] == 1 and not (p["pt"] or p["pl"] or p["pb"] or p["pr"])
