@@ -125,6 +125,10 @@ def test_compile_run_bundle_host_only(work, tmp_path):
     assert mapping == {"y": "y.npy"}
     y = np.load(tmp_path / "out" / "y.npy")
     assert y.shape == (1, 4, 8, 8) and (y >= 0).all()
+    # a bare FILE.npy fills the inputs in order (the bundle's names are known once it is loaded)
+    done = byoc("run", "m.byoc", "-o", "out2", str(work / "x.npy"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out2" / "y.npy"), y)
 
 
 def test_progress_flag_writes_lines_to_stderr_only(work, tmp_path):
@@ -234,6 +238,14 @@ def test_misspelt_option_gets_a_suggestion(work, tmp_path):
     assert_one_line_error(byoc("--taget", "cpu", "run", cwd=tmp_path), "did you mean '--target'")
     assert_one_line_error(byoc("rnu", "small.onnx", cwd=tmp_path), "did you mean 'run'")
     assert_one_line_error(byoc(cwd=tmp_path), "command")
+
+
+def test_unnamed_input_files(work, tmp_path):
+    assert_one_line_error(byoc("run", str(work / "small.onnx"), str(work / "x.npy"), str(work / "x.npy"),
+                               cwd=tmp_path), "2 input file(s) without a name", "['x']", "NAME=FILE.npy")
+    assert_one_line_error(byoc("run", str(work / "small.onnx"), "=x.npy", cwd=tmp_path), "NAME=FILE.npy or FILE.npy")
+    done = byoc("run", str(work / "small.onnx"), "-i", str(work / "x.npy"), cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("y: float32 [1, 4, 8, 8]"), done.stderr
 
 
 def test_same_input_twice(work, tmp_path):

@@ -49,19 +49,39 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(self.prog, message)
 
 
-def _parse_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
-    """``-i NAME=FILE.npy`` pairs, every file checked and read (before any compile work)."""
+def _parse_inputs(items: list[str]) -> tuple[dict[str, np.ndarray], list[tuple[str, np.ndarray]]]:
+    """Inputs given as ``NAME=FILE.npy`` (named) and as a bare ``FILE.npy`` (unnamed: they fill
+    the model's inputs in order, see :func:`_assign_unnamed`); every file checked and read before
+    any compile work."""
     from byoc.arrays import load_npy
 
     paths: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, path = pair.partition("=")
-        if not sep or not name or not path:
-            raise InputError(f"--input expects NAME=FILE.npy, got {pair!r}")
+    bare: list[str] = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep:
+            bare.append(item)
+            continue
+        if not name or not path:
+            raise InputError(f"an input is NAME=FILE.npy or FILE.npy, got {item!r}")
         if name in paths:
-            raise InputError(f"--input {name!r} given twice ({paths[name]} and {path})")
+            raise InputError(f"input {name!r} given twice ({paths[name]} and {path})")
         paths[name] = path
-    return {name: load_npy(path, f"input {name!r} ({path})") for name, path in paths.items()}
+    named = {name: load_npy(path, f"input {name!r} ({path})") for name, path in paths.items()}
+    return named, [(path, load_npy(path, f"input file {path}")) for path in bare]
+
+
+def _assign_unnamed(feeds: dict[str, np.ndarray], unnamed: list[tuple[str, np.ndarray]], names: list[str]) -> None:
+    """Give each unnamed input file the model's next required input not given by name."""
+    if not unnamed:
+        return
+    free = [n for n in names if n not in feeds]
+    if len(unnamed) > len(free):
+        files = [path for path, _ in unnamed]
+        raise InputError(f"{len(unnamed)} input file(s) without a name ({', '.join(files)}) but the model has "
+                         f"{len(free)} input(s) not given by name: {free}; name them: NAME=FILE.npy")
+    for name, (_, arr) in zip(free, unnamed):
+        feeds[name] = arr
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -84,19 +104,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     if getattr(args, "ray", False):  # batch inference on a Ray cluster: byoc/ray.py
         from byoc.ray import run_cli
 
+        if args.inputs:
+            raise InputError(f"--ray reads its rows from -i DIR|FILE.parquet, not from {args.inputs[0]!r}")
+
         return run_cli(args)
     out_dir = Path(args.output_dir) if args.output_dir else None
     if out_dir is not None:
         check_output_dir(args.output_dir, "--output-dir")
-    feeds = _parse_inputs(args.input or [])
+    feeds, unnamed = _parse_inputs(list(args.inputs or []) + list(args.input or []))
     io = model_io(args.model) if Path(args.model).is_file() and not is_bundle_path(args.model) else None
     if io is not None:  # names known without compiling: check them now
         unknown = sorted(set(feeds) - set(io[0]))
         if unknown:
             raise InputError(f"unknown input name(s) {unknown}; the model's inputs are {io[0]}")
+        _assign_unnamed(feeds, unnamed, io[0])
+        unnamed = []
         if out_dir is not None:
             _check_free(out_dir, safe_file_names(io[1], taken=[OUTPUTS_JSON]), args.force)
     compiled = compile_or_load(args, host_fallback=args.host_fallback)
+    _assign_unnamed(feeds, unnamed, compiled.input_names)  # a bundle: its names are known now
     files = safe_file_names(compiled.output_names, taken=[OUTPUTS_JSON])
     if out_dir is not None:
         _check_free(out_dir, files, args.force)
@@ -200,9 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="compile and run a model (or run a .byoc bundle) on .npy inputs")
     p.add_argument("model", help="an ONNX model, or a bundle written by `byoc compile`")
+    p.add_argument("inputs", nargs="*", metavar="[NAME=]FILE.npy",
+                   help="inputs: NAME=FILE.npy, or FILE.npy for the model's inputs in order")
     p.add_argument("--host-fallback", action="store_true",
                    help="bundle only: run regions whose plugin is missing or of another version on the host")
-    p.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy", help="an input (repeat for each)")
+    p.add_argument("--input", "-i", action="append", metavar="[NAME=]FILE.npy",
+                   help="an input, as the positional ones (repeat for each; with --ray: DIR or FILE.parquet)")
     p.add_argument("--output-dir", "-o", metavar="DIR",
                    help="write each output as DIR/<safe name>.npy, and DIR/outputs.json (output name -> file)")
     p.add_argument("--force", action="store_true", help="overwrite existing files in --output-dir")
@@ -250,6 +279,9 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
             raise UsageError(parser.prog, f"option {flag!r} goes after the command: byoc COMMAND {flag} ...")
         raise UsageError(parser.prog, f"unknown option {flag!r}{suggest(flag, everywhere)}")
     args, extras = parser.parse_known_args(argv)
+    if extras and isinstance(getattr(args, "inputs", None), list) and not any(e.startswith("-") for e in extras):
+        args.inputs += extras  # `byoc run MODEL -o DIR x.npy`: argparse stops a positional list at an option
+        extras = []
     if extras:
         child = parser._subparsers._group_actions[0].choices.get(args.command) if parser._subparsers else None
         prog = child.prog if child is not None else parser.prog
