@@ -239,3 +239,18 @@ def _flat(steps):
                 yield from _flat(chunk)
         else:
             yield s
+
+
+@pytest.mark.parametrize("index, value", [(10, 10**6), (1, 5), (8, 9), (5, 10**6), (6, 1), (0, 10**4)])
+def test_verifier_refuses_a_blocked_conv_reaching_past_its_buffers(index, value):
+    # conv8 args: cb, plane, wp, kh, kw, m, ldc, mb0, mb1, t0, t1; each change reads or writes
+    # past a buffer (positions, the plane's slack, channel blocks, the weights, the output)
+    rng = np.random.default_rng(0)
+    model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])], {"x": (1, 16, 12, 12)},
+                       ["y"], {"W": rng.standard_normal((32, 16, 3, 3)).astype(np.float32)})
+    program = compile_cpu(model, conv_strategy="blocked", threads=1).regions[0].artifact.metadata["program"]
+    verify(program)
+    (step,) = [s for s in _flat(program["steps"]) if s["kind"] == "conv8"]
+    step["args"][index] = value
+    with pytest.raises(ProgramError):
+        verify(program)

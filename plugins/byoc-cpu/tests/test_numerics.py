@@ -140,7 +140,7 @@ def conv_models(draw):
     elif act is not None:
         nodes.append(helper.make_node(act, [cur], ["y"]))
         cur = "y"
-    strategy = draw(st.sampled_from(["auto", "auto", "im2col", "shift", "direct", "winograd"]))
+    strategy = draw(st.sampled_from(["auto", "auto", "im2col", "shift", "direct", "winograd", "blocked"]))
     return make_model(nodes, inputs, [cur], inits), feeds, strategy
 
 
@@ -184,6 +184,45 @@ def test_core_micro_kernel_is_the_one_called(strategy):
         got = compile_cpu(model, conv_strategy=strategy).run(feeds)
     assert calls
     assert_close(got, onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+@st.composite
+def blocked_convs(draw):
+    """Convolutions the channel-blocked kernel takes (stride 1, channels in blocks of 8 and 16),
+    with a bias, a residual Add and an activation in some, batch 1 or 2."""
+    c, m = 8 * draw(st.integers(1, 3)), 16 * draw(st.integers(1, 2))
+    kh, kw = draw(st.sampled_from([(3, 3), (1, 3), (3, 1), (2, 2), (5, 5)]))
+    pads = [draw(st.integers(0, 2)) for _ in range(4)]
+    h, w = draw(st.integers(kh, 20)), draw(st.integers(kw, 20))
+    n = draw(st.integers(1, 2))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    inits = {"W": (rng.standard_normal((m, c, kh, kw)) / np.sqrt(c * kh * kw)).astype(np.float32),
+             "B": rng.standard_normal(m).astype(np.float32)}
+    oh, ow = h + pads[0] + pads[2] - kh + 1, w + pads[1] + pads[3] - kw + 1
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=pads, kernel_shape=[kh, kw])]
+    inputs = {"x": (n, c, h, w), "r": (n, m, oh, ow)}
+    feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in inputs.items()}
+    nodes += [helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    return make_model(nodes, inputs, ["y"], inits), feeds, draw(st.sampled_from([1, 2]))
+
+
+@settings(max_examples=20)
+@given(blocked_convs())
+def test_blocked_conv_matches_onnxruntime(case):
+    model, feeds, threads = case
+    cpu = compile_cpu(model, conv_strategy="blocked", threads=threads)
+    assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+def test_auto_takes_the_blocked_kernel_where_it_applies():
+    rng = np.random.default_rng(4)
+    model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])], {"x": (1, 16, 30, 30)},
+                       ["y"], {"W": (rng.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32)})
+    feeds = {"x": rng.standard_normal((1, 16, 30, 30)).astype(np.float32)}
+    cpu = compile_cpu(model, threads=2)
+    (region,) = cpu.regions
+    assert "conv, blocked" in region.artifact.metadata["source"]
+    assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -23,6 +23,7 @@ import numpy as np
 # the window geometry and the convolution drivers are the core's (one copy, byoc.kernels.conv);
 # re-exported here under the names the generated code calls
 from byoc.kernels import conv as _conv
+from byoc.kernels.blocked import conv8, reorder8
 from byoc.kernels.conv import conv_direct, im2col, pad_planes, subsample, valid_range
 
 #: indices are cast to unsigned: Numba then skips its negative-index wraparound, which would
@@ -321,6 +322,6 @@ def winograd(x, xo, c, h, w, wt, m, pt, pl, oh, ow, mt, y, yo) -> None:
 
 
 __all__ = [
-    "avgpool2d", "conv_direct", "copy_blocks", "global_pool", "im2col", "lrn", "maxpool2d", "pad_planes",
-    "softmax_rows", "subsample", "winograd",
+    "avgpool2d", "conv8", "conv_direct", "copy_blocks", "global_pool", "im2col", "lrn", "maxpool2d", "pad_planes",
+    "reorder8", "softmax_rows", "subsample", "winograd",
 ]

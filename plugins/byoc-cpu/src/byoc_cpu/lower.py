@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from byoc.kernels import blocked
 from byoc.kernels.conv import shift_pays, winograd_side, winograd_tile
 from byoc.kernels.gemm import FULL_WIDTH
 from byoc_cpu import ops
@@ -717,6 +718,8 @@ class Lowering:
         if strategy in ("winograd", "direct"):
             raw = epilogue((tn, out_strides))
             pre, chunks = self._by_channels(strategy, p, xn, tn, self.pack(wt), raw, nt, epi)
+        elif strategy == "blocked":
+            pre, chunks = self._blocked(p, xn, wt, nt, epilogue, epi)
         else:
             if strategy == "shift":
                 # one indirect GEMM per group over the zero-padded input: K = taps x channels,
@@ -796,6 +799,39 @@ class Lowering:
         return [], [[{"kind": "conv_direct", "x": xn, "w": wref, "y": tn, "args": geo + [m0, m1]}] + epi(raw, 0, m0, m1)
                     for m0, m1 in blocks]
 
+    def _blocked(self, p, xn: Ref, wt: np.ndarray, nt: int, epilogue, epi):
+        """(pre, chunks) of a convolution by the channel-blocked direct kernel
+        (:mod:`byoc.kernels.blocked`): the input reordered into blocks of 8 channels (in
+        parallel by blocks), then output rows (wide outputs) or blocks of 16 output channels
+        computed into a planar buffer of the padded width, each followed by its epilogue, which
+        drops the padding columns as the shift strategy's does. The weights are stored as
+        their own bytes and blocked at load (a transpose)."""
+        c, h, w, m, kh, kw = p["c"], p["h"], p["w"], p["m"], p["kh"], p["kw"]
+        pt, pl, oh = p["pt"], p["pl"], p["oh"]
+        hp, wp = h + pt + p["pb"], w + pl + p["pr"]
+        plane, cb = blocked.plane_length(hp, wp, kw), c // blocked.CB
+        shape, axes = blocked.blocked_weights_axes(m, c, kh, kw)
+        wref = self.pack_transposed(wt.reshape(shape), axes)
+        x8 = Ref(self.scratch(cb * plane * blocked.CB))
+        pre = [{"kind": "reorder8", "x": xn.at(b0 * blocked.CB * h * w), "y": x8.at(b0 * plane * blocked.CB),
+                "args": [(b1 - b0) * blocked.CB, h, w, plane, hp, wp, pt, pl]} for b0, b1 in split(cb, nt, 1)]
+        ncols = oh * wp
+        acc_ref = Ref(self.scratch(m * ncols))
+        raw = epilogue((acc_ref, [0, ncols, wp, 1]))
+        nb = m // blocked.MB
+
+        def conv(mb0: int, mb1: int, t0: int, t1: int) -> dict[str, Any]:
+            return {"kind": "conv8", "x": x8, "w": wref, "y": acc_ref,
+                    "args": [cb, plane, wp, kh, kw, m, ncols, mb0, mb1, t0, t1]}
+
+        # byoc's own kernel: split over the pool even where OpenBLAS's threads take the GEMMs
+        if nt > 1 and ncols >= 256 * nt:  # wide: blocks of output rows
+            chunks = [[conv(0, nb, r0 * wp, r1 * wp)] + epi(raw, 1, r0, r1) for r0, r1 in split(oh, 2 * nt, 1)]
+        else:  # narrow: blocks of output channels
+            chunks = [[conv(b0, b1, 0, ncols)] + epi(raw, 0, b0 * blocked.MB, b1 * blocked.MB)
+                      for b0, b1 in split(nb, nt, 1)]
+        return pre, chunks
+
     def rows(self, segments: list[list[int]]) -> int:
         """A row table of an indirect GEMM: ``[start, count, stride]`` runs of B's rows."""
         key = tuple(tuple(int(v) for v in seg) for seg in segments)
@@ -845,9 +881,13 @@ class Lowering:
         winograd_ok = (p["kh"] == 3 and p["kw"] == 3 and p["sh"] == 1 and p["sw"] == 1 and p["dh"] == 1
                        and p["dw"] == 1 and p["group"] == 1 and max(p["pt"], p["pl"], p["pb"], p["pr"]) <= 2
                        and side > 0)
+        blocked_ok = (blocked.applies(p["c"], p["m"], p["group"], p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"])
+                      and waste_ok)
         forced = self.options["conv_strategy"]
         if forced == "winograd" and winograd_ok:
             return "winograd"
+        if forced == "blocked" and blocked_ok:
+            return "blocked"
         if forced == "direct":
             return "direct"
         if forced == "im2col":
@@ -862,6 +902,9 @@ class Lowering:
                 and winograd_tile(p["cg"], p["m"], p["oh"], p["ow"]) == side):
             # OpenBLAS's GEMMs (no full-width micro-kernel on this CPU): the core's rule
             return "winograd"
+        if blocked_ok and not FULL_WIDTH and forced == "auto":
+            # the blocked direct kernel beats OpenBLAS's GEMMs on these (shift and im2col alike)
+            return "blocked"
         blas_shift_ok = FULL_WIDTH or shift_pays(p["cg"], p["m"] // p["group"])
         if shift_ok and p["cg"] >= SHIFT_MIN_CG and waste_ok and blas_shift_ok:
             return "shift"

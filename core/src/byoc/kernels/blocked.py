@@ -1,0 +1,188 @@
+"""Direct convolution on channel-blocked input (NCHWc8), for stride-1 KxK convolutions.
+
+The input is reordered once per call into blocks of 8 channels, each block a zero-padded plane
+of ``L`` pixels with the 8 channels of a pixel adjacent (``x8[cb][L][8]``); the weights are
+blocked once at load into ``[M/16][C/8][kh][kw][8][16]`` (a plain transpose of the weights'
+own bytes, see :func:`blocked_weights_axes`). Each output tile is 6 pixels x 16 channels held
+in twelve 8-float registers; for every (channel block, tap) the kernel loads 16 weights per input
+channel and broadcasts 6 input values, with the 8 channels of the block unrolled: 12 FMAs per
+2 weight loads and 6 broadcasts, no im2col, no operand packing per call.
+
+Like the shift strategy it computes every position of the padded width (``oh * wp`` outputs
+per channel, the ``wp - ow`` extra columns of each row are dropped by the caller's epilogue),
+so one tap is one fixed offset into the plane and a tile may span rows.
+
+Measured on the development machine (AVX2, one core, ResNet-50's 3x3 shapes 56x56x64 to
+7x7x512): 62-89 GFLOP/s against 49-77 for the shift strategy's OpenBLAS GEMMs on the same
+planar output (docs/speed.md, round five).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+_U = np.uint64  # unsigned indices: no negative-index wraparound, so LLVM vectorises
+
+#: output tile: pixels x (vectors of 8 channels); channel blocks of the input: 8
+MR, NV, VW, CB = 6, 2, 8, 8
+#: output channels per weight block
+MB = NV * VW
+
+
+@intrinsic
+def _tile(typingctx, ntap, x, xoff, toff, w, woff, tile):
+    """``tile[i*16 + j] = sum_t sum_ci x[xoff + toff[t] + i*8 + ci] * w[woff + (t*8 + ci)*16 + j]``
+    for ``i < 6``, ``j < 16``, ``t < ntap``: the accumulators stay in registers."""
+    sig = types.void(types.intp, x, types.intp, toff, w, types.intp, tile)
+
+    def codegen(context, builder, signature, args):
+        nt_v, x_v, xoff_v, to_v, w_v, woff_v, t_v = args
+        vty = ir.VectorType(ir.FloatType(), VW)
+        vptr = vty.as_pointer()
+        i64 = ir.IntType(64)
+        px = builder.gep(context.make_array(signature.args[1])(context, builder, x_v).data, [xoff_v])
+        pto = context.make_array(signature.args[3])(context, builder, to_v).data
+        pw = builder.gep(context.make_array(signature.args[4])(context, builder, w_v).data, [woff_v])
+        pt = context.make_array(signature.args[6])(context, builder, t_v).data
+        fname = f"llvm.fma.v{VW}f32"
+        fma = builder.module.globals.get(fname) or ir.Function(
+            builder.module, ir.FunctionType(vty, [vty, vty, vty]), name=fname)
+        zero = ir.Constant(vty, [0.0] * VW)
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), VW), [0] * VW)
+
+        def splat(value):
+            e = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+            return builder.shuffle_vector(e, ir.Constant(vty, ir.Undefined), mask)
+
+        entry = builder.block
+        loop = builder.append_basic_block("tap")
+        done = builder.append_basic_block("done")
+        builder.cbranch(builder.icmp_signed(">", nt_v, ir.Constant(i64, 0)), loop, done)
+        builder.position_at_end(loop)
+        t = builder.phi(i64)
+        t.add_incoming(ir.Constant(i64, 0), entry)
+        accs = [[builder.phi(vty) for _ in range(NV)] for _ in range(MR)]
+        for row in accs:
+            for phi in row:
+                phi.add_incoming(zero, entry)
+        cur = [list(row) for row in accs]
+        xt = builder.gep(px, [builder.load(builder.gep(pto, [t]), align=8)])
+        wt = builder.gep(pw, [builder.mul(t, ir.Constant(i64, CB * MB))])
+        for ci in range(CB):
+            bv = [builder.load(builder.bitcast(builder.gep(wt, [ir.Constant(i64, ci * MB + v * VW)]), vptr), align=4)
+                  for v in range(NV)]
+            for i in range(MR):
+                s = splat(builder.load(builder.gep(xt, [ir.Constant(i64, i * CB + ci)]), align=4))
+                cur[i] = [builder.call(fma, [s, bv[v], cur[i][v]]) for v in range(NV)]
+        t2 = builder.add(t, ir.Constant(i64, 1))
+        end = builder.block
+        t.add_incoming(t2, end)
+        for i in range(MR):
+            for v in range(NV):
+                accs[i][v].add_incoming(cur[i][v], end)
+        builder.cbranch(builder.icmp_signed("<", t2, nt_v), loop, done)
+        builder.position_at_end(done)
+        final = []
+        for i in range(MR):
+            for v in range(NV):
+                phi = builder.phi(vty)
+                phi.add_incoming(zero, entry)
+                phi.add_incoming(cur[i][v], end)
+                final.append(phi)
+        for i in range(MR):
+            for v in range(NV):
+                dst = builder.gep(pt, [ir.Constant(i64, i * MB + v * VW)])
+                builder.store(final[i * NV + v], builder.bitcast(dst, vptr), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def plane_length(hp: int, wp: int, kw: int) -> int:
+    """Pixels per channel block of the reordered input: the padded plane plus the slack the
+    last tile reads past it (a tile covers 6 positions; the ones past the output are dropped)."""
+    return hp * wp + kw + MR
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def reorder8(x, xo, c, h, w, L, hp, wp, pt, pl, y, yo):
+    """``x[xo:]`` holding ``(c, h, w)`` -> ``y[yo:]`` holding ``ceil(c/8)`` blocks of ``L`` pixels x 8
+    channels: pixel ``(r, q)`` of the ``(hp, wp)`` padded plane at ``r*wp + q``, zero where padding,
+    past the plane, or past channel ``c``. Only the padding is zeroed; each input row of 8
+    channels is written as one contiguous run of ``8 * w`` values."""
+    nb = (c + CB - 1) // CB
+    zero = y.dtype.type(0)
+    for b in range(nb):
+        base = yo + b * L * CB
+        top = (pt * wp + pl) * CB  # the rows above and the left pad of the first row
+        for t in range(top):
+            y[_U(base + t)] = zero
+        for r in range(h):
+            row = base + ((r + pt) * wp + pl) * CB
+            kn = min(CB, c - b * CB)
+            if kn == CB:
+                for q in range(w):
+                    for k in range(CB):
+                        y[_U(row + q * CB + k)] = x[_U(xo + ((b * CB + k) * h + r) * w + q)]
+            else:
+                for q in range(w):
+                    for k in range(CB):
+                        y[_U(row + q * CB + k)] = x[_U(xo + ((b * CB + k) * h + r) * w + q)] if k < kn else zero
+            # the right pad of this row and the left pad of the next (after the last row: the
+            # bottom rows and the slack)
+            gap_end = row + wp * CB if r + 1 < h else base + L * CB
+            for t in range(row + w * CB, gap_end):
+                y[_U(t)] = zero
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def conv8(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo):
+    """Output channel blocks ``[mb0, mb1)`` (16 each; the last may be partial when ``m`` is not a
+    multiple of 16) at flat positions ``[t0, t1)`` of the padded width: ``y[yo + co*ldc + t] =
+    sum over (channel, tap) of x8 * weights``, ``x8[xo:]`` from :func:`reorder8`, ``wb`` blocked
+    weights ``[ceil(m/16)][cb][kh][kw][8][16]``."""
+    ntap = cb * kh * kw
+    toff = np.empty(ntap, np.int64)
+    n = 0
+    for b in range(cb):
+        for a in range(kh):
+            for d in range(kw):
+                toff[n] = (b * L + a * wp + d) * CB
+                n += 1
+    tile = np.empty(MR * MB, np.float32)
+    for mb in range(mb0, mb1):
+        woff = mb * ntap * CB * MB
+        cn = min(MB, m - mb * MB)
+        for t in range(t0, t1, MR):
+            _tile(ntap, x8, xo + t * CB, toff, wb, woff, tile)
+            nt = min(MR, t1 - t)
+            for co in range(cn):
+                base = yo + (mb * MB + co) * ldc + t
+                for i in range(nt):
+                    y[base + i] = tile[i * MB + co]
+
+
+def blocked_weights_axes(m: int, c: int, kh: int, kw: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(shape, axes)``: the weights ``(m, c, kh, kw)`` viewed as ``shape`` and transposed by
+    ``axes`` are :func:`conv8`'s blocked weights (``m`` a multiple of 16, ``c`` of 8)."""
+    return (m // MB, MB, c // CB, CB, kh, kw), (0, 2, 4, 5, 3, 1)
+
+
+def blocked_weights(wt: np.ndarray) -> np.ndarray:
+    """The flat blocked weights of ``wt`` ``(m, c, kh, kw)`` (``m`` a multiple of 16, ``c`` of 8)."""
+    shape, axes = blocked_weights_axes(*wt.shape)
+    return np.ascontiguousarray(wt.reshape(shape).transpose(axes), dtype=np.float32).reshape(-1)
+
+
+def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> bool:
+    """Whether :func:`conv8` runs this convolution: stride and dilation 1, one group, a kernel
+    larger than 1x1, input channels in whole blocks of 8, output channels of 16."""
+    return (group == 1 and sh == 1 and sw == 1 and dh == 1 and dw == 1 and kh * kw > 1
+            and c % CB == 0 and m % MB == 0)
+
+
+__all__ = ["MB", "MR", "applies", "blocked_weights", "blocked_weights_axes", "conv8", "plane_length", "reorder8"]

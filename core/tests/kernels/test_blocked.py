@@ -1,0 +1,86 @@
+"""The channel-blocked direct convolution (``byoc.kernels.blocked``) against a NumPy reference,
+over random shapes, paddings and splits of its output (channel blocks, position ranges)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from byoc.kernels import blocked
+
+
+@st.composite
+def cases(draw):
+    c = 8 * draw(st.integers(1, 4))
+    m = 16 * draw(st.integers(1, 3))
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    h, w = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    pt, pb, pl, pr = (draw(st.integers(0, 3)) for _ in range(4))
+    if h + pt + pb < kh or w + pl + pr < kw:
+        pb, pr = kh, kw
+    parts = draw(st.integers(1, 3))
+    return c, m, kh, kw, h, w, pt, pb, pl, pr, parts, draw(st.booleans()), draw(st.integers(0, 2**31 - 1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases())
+def test_conv8_matches_reference(case):
+    c, m, kh, kw, h, w, pt, pb, pl, pr, parts, by_channels, seed = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((m, c, kh, kw)).astype(np.float32)
+    hp, wp = h + pt + pb, w + pl + pr
+    oh, ow = hp - kh + 1, wp - kw + 1
+    L = blocked.plane_length(hp, wp, kw)
+    xo, yo = 5, 3  # offsets into the flat buffers
+    xf = np.concatenate([np.full(xo, np.nan, np.float32), x.ravel()])
+    x8 = np.full(xo + c // 8 * L * 8, np.nan, np.float32)
+    blocked.reorder8(xf, xo, c, h, w, L, hp, wp, pt, pl, x8, xo)
+    ncols = oh * wp
+    y = np.full(yo + m * ncols, np.nan, np.float32)
+    wb = blocked.blocked_weights(wt)
+    nb = m // 16
+    if by_channels:
+        cuts = np.linspace(0, nb, parts + 1).astype(int)
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            blocked.conv8(x8, xo, wb, c // 8, L, wp, kh, kw, m, ncols, a, b, 0, ncols, y, yo)
+    else:
+        cuts = np.linspace(0, oh, parts + 1).astype(int) * wp
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            blocked.conv8(x8, xo, wb, c // 8, L, wp, kh, kw, m, ncols, 0, nb, a, b, y, yo)
+    xp = np.zeros((c, hp, wp), np.float64)
+    xp[:, pt:pt + h, pl:pl + w] = x
+    ref = np.zeros((m, oh, ow))
+    for a in range(kh):
+        for b in range(kw):
+            ref += np.einsum("mc,chw->mhw", wt[:, :, a, b], xp[:, a:a + oh, b:b + ow])
+    got = y[yo:].reshape(m, oh, wp)[:, :, :ow]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
+    assert np.isfinite(y[yo:].reshape(m, oh, wp)).all()  # the padded columns are computed too, from zeros
+
+
+def test_blocked_weights_is_a_transpose_of_the_weights_bytes():
+    wt = np.arange(32 * 16 * 3 * 3, dtype=np.float32).reshape(32, 16, 3, 3)
+    shape, axes = blocked.blocked_weights_axes(*wt.shape)
+    np.testing.assert_array_equal(blocked.blocked_weights(wt), wt.reshape(shape).transpose(axes).ravel())
+    assert blocked.applies(16, 32, 1, 3, 3, 1, 1, 1, 1)
+    assert not blocked.applies(12, 32, 1, 3, 3, 1, 1, 1, 1) and not blocked.applies(16, 32, 1, 3, 3, 2, 2, 1, 1)
+
+
+@pytest.mark.parametrize("c, h, w, pt, pl, pb, pr", [(5, 3, 4, 1, 2, 0, 1), (8, 1, 1, 0, 0, 0, 0), (13, 4, 2, 2, 0, 1, 3)])
+def test_reorder8_zero_pads_channels_and_plane(c, h, w, pt, pl, pb, pr):
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((c, h, w)).astype(np.float32)
+    hp, wp = h + pt + pb, w + pl + pr
+    L = blocked.plane_length(hp, wp, 3)
+    nb = -(-c // 8)
+    y = np.full(nb * L * 8 + 4, np.nan, np.float32)
+    blocked.reorder8(x.ravel(), 0, c, h, w, L, hp, wp, pt, pl, y, 2)
+    want = np.zeros((nb * 8, hp, wp), np.float32)
+    want[:c, pt:pt + h, pl:pl + w] = x
+    planes = y[2:2 + nb * L * 8].reshape(nb, L, 8)
+    np.testing.assert_array_equal(planes[:, :hp * wp, :].reshape(nb, hp, wp, 8).transpose(0, 3, 1, 2).reshape(-1, hp, wp),
+                                  want)
+    assert (planes[:, hp * wp:, :] == 0).all() and np.isnan(y[:2]).all() and np.isnan(y[2 + nb * L * 8:]).all()
