@@ -84,3 +84,26 @@ def test_reorder8_zero_pads_channels_and_plane(c, h, w, pt, pl, pb, pr):
     np.testing.assert_array_equal(planes[:, :hp * wp, :].reshape(nb, hp, wp, 8).transpose(0, 3, 1, 2).reshape(-1, hp, wp),
                                   want)
     assert (planes[:, hp * wp:, :] == 0).all() and np.isnan(y[:2]).all() and np.isnan(y[2 + nb * L * 8:]).all()
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(1, 2), st.sampled_from([(16, 32, 3), (8, 16, 5), (24, 48, 2)]), st.integers(5, 30),
+       st.lists(st.integers(0, 2), min_size=4, max_size=4), st.integers(0, 2**31 - 1))
+def test_host_conv_takes_the_blocked_kernel(n, cmk, hw, pads, seed):
+    from byoc.kernels import conv
+    from byoc.testing.oracle import assert_close, run_byoc, run_onnxruntime, single_node_model
+
+    c, m, k = cmk
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, hw, hw + 3)).astype(np.float32)
+    w = (rng.standard_normal((m, c, k, k)) / k).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    model, feeds = single_node_model("Conv", [x, w, b], {"pads": pads}, const_inputs=[1, 2])
+    calls = []
+    real = conv._blocked_conv
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv, "_blocked_conv", lambda *a: (calls.append(1), real(*a)))
+        got = run_byoc(model, feeds)
+    wp = hw + 3 + pads[1] + pads[3]
+    assert bool(calls) == (wp <= 1.5 * (wp - k + 1))  # taken wherever the padded width wastes little
+    assert_close(got, run_onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)

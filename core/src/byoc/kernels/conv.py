@@ -40,7 +40,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from byoc.kernels import threads
+from byoc.kernels import blocked, threads
 from byoc.kernels.gemm import (
     MR,
     PackCache,
@@ -681,6 +681,7 @@ class _ConvWeights:
         self.mg = m // group
         self.mat = self.w5.reshape(group, self.mg, -1)  # im2col / pointwise: (G, Mg, Cg*K)
         self._taps = None
+        self._blocked = None
         self._wino2 = self._wino4 = None
         self._packs: dict = {}
 
@@ -715,6 +716,13 @@ class _ConvWeights:
             u = winograd_weights(self.w5[:, :, 0], m, self.group)
             setattr(self, key, u)
         return u
+
+    @property
+    def blocked(self) -> np.ndarray:
+        """The weights blocked for :func:`byoc.kernels.blocked.conv8` (2-D, one group)."""
+        if self._blocked is None:
+            self._blocked = blocked.blocked_weights(self.w5[:, :, 0])
+        return self._blocked
 
     @property
     def taps(self) -> np.ndarray:
@@ -776,6 +784,12 @@ def make_conv(spec: NodeSpec):
               and not (compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg))):
             g["how"] = "winograd"
             g["wm"] = winograd_tile(cg, m // group, *out_sp)
+        elif (nd == 2 and compute_dtype(x.dtype) == np.float32 and not use_own_gemm(m, 4096, cg * kvol)
+              and blocked.applies(c, m, group, *ksz, *strides, *dil)
+              and out_sp[0] * (x.shape[3] + pb[1] + pe[1]) <= _SHIFT_MAX_WASTE * out_sp[0] * out_sp[1]):
+            # the channel-blocked direct kernel (byoc-cpu's too): faster than OpenBLAS's GEMMs here
+            g["how"] = "blocked"
+            g["hp"], g["wp"] = x.shape[2] + pb[0] + pe[0], x.shape[3] + pb[1] + pe[1]
         else:
             g["how"] = "im2col"
             # byoc's GEMM reads the kernel taps straight out of the padded input (an implicit
@@ -818,7 +832,7 @@ def make_conv(spec: NodeSpec):
             g = setup(x, w)
             check_geometry(spec, x, w.shape[0], g)
             geometry[key] = g
-        if g["how"] in ("shift", "phase_shift") and dt != np.float32:
+        if g["how"] in ("shift", "phase_shift", "blocked") and dt != np.float32:
             g = dict(g, how="im2col")
         pw = weights(w, dt)
         # input-only arrays always read-only: a graph input (read-only) and an activation
@@ -865,6 +879,8 @@ def make_conv(spec: NodeSpec):
             threads.parallel_for(chunk, len(blocks))
         elif how == "shift":
             _shift(x5, pw, g, bias, out)
+        elif how == "blocked":
+            _blocked_conv(x5, pw, g, bias, out)
         elif how == "winograd":
             _winograd(x5, pw, g, bias, out)
         elif how == "phase_shift":
@@ -1146,6 +1162,46 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
                     _crop_planes(acc, oh, wq, oh, ow, bias, gi * mg, ma, mb, out_n)
 
                 threads.gemm_for(row_chunk, len(mblocks))
+
+
+def _blocked_conv(x5, pw: _ConvWeights, g, bias, out):
+    """A 2-D stride-1 convolution by the channel-blocked direct kernel, image by image: the input
+    reordered into blocks of 8 channels (in parallel by blocks), then blocks of output rows
+    (wide outputs) or of 16 output channels into a planar accumulator of the padded width, each
+    cropped into ``out`` with the bias (as the shift strategy's)."""
+    nb, c = x5.shape[:2]
+    h, w = x5.shape[3:]
+    _, kh, kw = g["k"]
+    _, pt, pl = g["pb"]
+    hp, wp = g["hp"], g["wp"]
+    m, oh, ow = out.shape[1], out.shape[3], out.shape[4]
+    plane, cb, nbk = blocked.plane_length(hp, wp, kw), c // blocked.CB, m // blocked.MB
+    x8 = threads.scratch("conv.x8", (cb * plane * blocked.CB,), np.float32)
+    acc = threads.scratch("conv.acc", (m, hp * wp), np.float32)
+    accf, xf, wb = acc.reshape(-1), x5.reshape(-1), pw.blocked
+    nt = threads.num_threads()
+    cblocks = split(cb, nt)
+    wide = nt > 1 and oh * wp >= 256 * nt
+    blocks = split(oh, 2 * nt) if wide else split(nbk, nt)
+    for n in range(nb):
+        xo, on = n * c * h * w, out[n:n + 1]
+
+        def reorder(i, xo=xo):
+            b0, b1 = cblocks[i]
+            blocked.reorder8(xf, xo + b0 * blocked.CB * h * w, (b1 - b0) * blocked.CB, h, w, plane, hp, wp, pt, pl,
+                             x8, b0 * plane * blocked.CB)
+
+        def part(i, on=on):
+            a, b = blocks[i]
+            if wide:  # output rows [a, b), every channel block
+                blocked.conv8(x8, 0, wb, cb, plane, wp, kh, kw, m, hp * wp, 0, nbk, a * wp, b * wp, accf, 0)
+                _crop_rows(acc, hp, wp, oh, ow, bias, 0, a, b, on)
+            else:  # channel blocks [a, b), every position
+                blocked.conv8(x8, 0, wb, cb, plane, wp, kh, kw, m, hp * wp, a, b, 0, oh * wp, accf, 0)
+                _crop_planes(acc, hp, wp, oh, ow, bias, 0, a * blocked.MB, b * blocked.MB, on)
+
+        threads.parallel_for(reorder, len(cblocks))
+        threads.parallel_for(part, len(blocks))
 
 
 def _shift(x5, pw: _ConvWeights, g, bias, out):
