@@ -25,6 +25,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from byoc.kernels.gemm import ir_accumulate, ir_vector_ops
+
 _U = np.uint64  # unsigned indices: no negative-index wraparound, so LLVM vectorises
 
 #: output tile: pixels x (vectors of 8 channels); channel blocks of the input: 8
@@ -41,62 +43,31 @@ def _tile(typingctx, ntap, x, xoff, toff, w, woff, tile):
 
     def codegen(context, builder, signature, args):
         nt_v, x_v, xoff_v, to_v, w_v, woff_v, t_v = args
-        vty = ir.VectorType(ir.FloatType(), VW)
+        vty, fma, splat = ir_vector_ops(builder, VW)
         vptr = vty.as_pointer()
         i64 = ir.IntType(64)
         px = builder.gep(context.make_array(signature.args[1])(context, builder, x_v).data, [xoff_v])
         pto = context.make_array(signature.args[3])(context, builder, to_v).data
         pw = builder.gep(context.make_array(signature.args[4])(context, builder, w_v).data, [woff_v])
         pt = context.make_array(signature.args[6])(context, builder, t_v).data
-        fname = f"llvm.fma.v{VW}f32"
-        fma = builder.module.globals.get(fname) or ir.Function(
-            builder.module, ir.FunctionType(vty, [vty, vty, vty]), name=fname)
-        zero = ir.Constant(vty, [0.0] * VW)
-        mask = ir.Constant(ir.VectorType(ir.IntType(32), VW), [0] * VW)
 
-        def splat(value):
-            e = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
-            return builder.shuffle_vector(e, ir.Constant(vty, ir.Undefined), mask)
+        def body(t, accs):
+            cur = list(accs)
+            xt = builder.gep(px, [builder.load(builder.gep(pto, [t]), align=8)])
+            wt = builder.gep(pw, [builder.mul(t, ir.Constant(i64, CB * MB))])
+            for ci in range(CB):
+                bv = [builder.load(builder.bitcast(builder.gep(wt, [ir.Constant(i64, ci * MB + v * VW)]), vptr),
+                                   align=4) for v in range(NV)]
+                for i in range(MR):
+                    s = splat(builder.load(builder.gep(xt, [ir.Constant(i64, i * CB + ci)]), align=4))
+                    for v in range(NV):
+                        cur[i * NV + v] = fma(s, bv[v], cur[i * NV + v])
+            return cur
 
-        entry = builder.block
-        loop = builder.append_basic_block("tap")
-        done = builder.append_basic_block("done")
-        builder.cbranch(builder.icmp_signed(">", nt_v, ir.Constant(i64, 0)), loop, done)
-        builder.position_at_end(loop)
-        t = builder.phi(i64)
-        t.add_incoming(ir.Constant(i64, 0), entry)
-        accs = [[builder.phi(vty) for _ in range(NV)] for _ in range(MR)]
-        for row in accs:
-            for phi in row:
-                phi.add_incoming(zero, entry)
-        cur = [list(row) for row in accs]
-        xt = builder.gep(px, [builder.load(builder.gep(pto, [t]), align=8)])
-        wt = builder.gep(pw, [builder.mul(t, ir.Constant(i64, CB * MB))])
-        for ci in range(CB):
-            bv = [builder.load(builder.bitcast(builder.gep(wt, [ir.Constant(i64, ci * MB + v * VW)]), vptr), align=4)
-                  for v in range(NV)]
-            for i in range(MR):
-                s = splat(builder.load(builder.gep(xt, [ir.Constant(i64, i * CB + ci)]), align=4))
-                cur[i] = [builder.call(fma, [s, bv[v], cur[i][v]]) for v in range(NV)]
-        t2 = builder.add(t, ir.Constant(i64, 1))
-        end = builder.block
-        t.add_incoming(t2, end)
-        for i in range(MR):
-            for v in range(NV):
-                accs[i][v].add_incoming(cur[i][v], end)
-        builder.cbranch(builder.icmp_signed("<", t2, nt_v), loop, done)
-        builder.position_at_end(done)
-        final = []
-        for i in range(MR):
-            for v in range(NV):
-                phi = builder.phi(vty)
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(cur[i][v], end)
-                final.append(phi)
-        for i in range(MR):
-            for v in range(NV):
-                dst = builder.gep(pt, [ir.Constant(i64, i * MB + v * VW)])
-                builder.store(final[i * NV + v], builder.bitcast(dst, vptr), align=4)
+        final = ir_accumulate(builder, nt_v, MR * NV, vty, body)
+        for i in range(MR * NV):
+            dst = builder.gep(pt, [ir.Constant(i64, i * VW)])
+            builder.store(final[i], builder.bitcast(dst, vptr), align=4)
         return context.get_dummy_value()
 
     return sig, codegen

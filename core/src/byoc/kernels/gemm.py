@@ -410,59 +410,79 @@ _KC = 256
 _MCP = 32  # row panels per L2 block of A: 32 * 8 rows * 256 deep * 4 bytes = 256 KiB
 
 
-def _emit_tile(builder, kc_v, pa, b_row, pc, ldc_v, pbias, init_v):
-    """LLVM IR of the micro-kernel: an MR x NR tile of ``sum_k A[k, i] * B_k[j]`` in registers
-    (``b_row(k)`` gives the pointer to B's row ``k``), then stored as ``bias + acc`` (init) or
-    added to C."""
-    vty = ir.VectorType(ir.FloatType(), _W)
-    vptr = vty.as_pointer()
-    i64 = ir.IntType(64)
-    zero = ir.Constant(vty, [0.0] * _W)
-    fname = f"llvm.fma.v{_W}f32"
-    fma = builder.module.globals.get(fname)
-    if fma is None:
-        fma = ir.Function(builder.module, ir.FunctionType(vty, [vty, vty, vty]), name=fname)
-    mask = ir.Constant(ir.VectorType(ir.IntType(32), _W), [0] * _W)
+def ir_vector_ops(builder, width: int):
+    """``(vector type, fma(a, b, c), splat(scalar))`` for vectors of ``width`` float32: the pieces
+    of byoc's LLVM IR register tiles (this micro-kernel and :mod:`byoc.kernels.blocked`)."""
+    vty = ir.VectorType(ir.FloatType(), width)
+    fname = f"llvm.fma.v{width}f32"
+    fn = builder.module.globals.get(fname)
+    if fn is None:
+        fn = ir.Function(builder.module, ir.FunctionType(vty, [vty, vty, vty]), name=fname)
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
+
+    def fma(a, b, c):
+        return builder.call(fn, [a, b, c])
 
     def splat(value):
         v = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
         return builder.shuffle_vector(v, ir.Constant(vty, ir.Undefined), mask)
 
+    return vty, fma, splat
+
+
+def ir_accumulate(builder, count, n_acc: int, vty, body) -> list:
+    """Emit ``for k in range(count): accs = body(k, accs)`` over ``n_acc`` vector accumulators
+    that start at zero and stay in registers (phi nodes); returns their values after the loop
+    (zeros when ``count <= 0``)."""
+    i64 = ir.IntType(64)
+    zero = ir.Constant(vty, [0.0] * vty.count)
     entry = builder.block
-    loop = builder.append_basic_block("uk.loop")
-    done = builder.append_basic_block("uk.done")
-    builder.cbranch(builder.icmp_signed(">", kc_v, ir.Constant(i64, 0)), loop, done)
+    loop = builder.append_basic_block("acc.loop")
+    done = builder.append_basic_block("acc.done")
+    builder.cbranch(builder.icmp_signed(">", count, ir.Constant(i64, 0)), loop, done)
     builder.position_at_end(loop)
     k = builder.phi(i64)
     k.add_incoming(ir.Constant(i64, 0), entry)
-    accs = [[builder.phi(vty) for _ in range(_NV)] for _ in range(MR)]
-    for row in accs:
-        for p in row:
-            p.add_incoming(zero, entry)
-    brow = b_row(k)
-    bvec = [builder.load(builder.bitcast(builder.gep(brow, [ir.Constant(i64, v * _W)]), vptr), align=4)
-            for v in range(_NV)]
-    arow = builder.mul(k, ir.Constant(i64, MR))
-    new = []
-    for i in range(MR):
-        av = builder.load(builder.gep(pa, [builder.add(arow, ir.Constant(i64, i))]), align=4)
-        sv = splat(av)
-        new.append([builder.call(fma, [sv, bvec[v], accs[i][v]]) for v in range(_NV)])
+    accs = [builder.phi(vty) for _ in range(n_acc)]
+    for phi in accs:
+        phi.add_incoming(zero, entry)
+    new = body(k, accs)
     k2 = builder.add(k, ir.Constant(i64, 1))
-    body_end = builder.block
-    k.add_incoming(k2, body_end)
-    for i in range(MR):
-        for v in range(_NV):
-            accs[i][v].add_incoming(new[i][v], body_end)
-    builder.cbranch(builder.icmp_signed("<", k2, kc_v), loop, done)
+    end = builder.block
+    k.add_incoming(k2, end)
+    for phi, value in zip(accs, new):
+        phi.add_incoming(value, end)
+    builder.cbranch(builder.icmp_signed("<", k2, count), loop, done)
     builder.position_at_end(done)
-    fin = []
-    for i in range(MR):
-        for v in range(_NV):
-            p = builder.phi(vty)
-            p.add_incoming(zero, entry)
-            p.add_incoming(new[i][v], body_end)
-            fin.append(p)
+    final = []
+    for value in new:
+        phi = builder.phi(vty)
+        phi.add_incoming(zero, entry)
+        phi.add_incoming(value, end)
+        final.append(phi)
+    return final
+
+
+def _emit_tile(builder, kc_v, pa, b_row, pc, ldc_v, pbias, init_v):
+    """LLVM IR of the micro-kernel: an MR x NR tile of ``sum_k A[k, i] * B_k[j]`` in registers
+    (``b_row(k)`` gives the pointer to B's row ``k``), then stored as ``bias + acc`` (init) or
+    added to C."""
+    vty, fma, splat = ir_vector_ops(builder, _W)
+    vptr = vty.as_pointer()
+    i64 = ir.IntType(64)
+
+    def body(k, accs):
+        brow = b_row(k)
+        bvec = [builder.load(builder.bitcast(builder.gep(brow, [ir.Constant(i64, v * _W)]), vptr), align=4)
+                for v in range(_NV)]
+        arow = builder.mul(k, ir.Constant(i64, MR))
+        new = []
+        for i in range(MR):
+            sv = splat(builder.load(builder.gep(pa, [builder.add(arow, ir.Constant(i64, i))]), align=4))
+            new += [fma(sv, bvec[v], accs[i * _NV + v]) for v in range(_NV)]
+        return new
+
+    fin = ir_accumulate(builder, kc_v, MR * _NV, vty, body)
     init_b = builder.icmp_unsigned("!=", init_v, ir.Constant(init_v.type, 0))
     with builder.if_else(init_b) as (then, otherwise):
         with then:
