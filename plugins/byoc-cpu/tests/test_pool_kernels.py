@@ -53,3 +53,17 @@ def test_hostile_strides_take_the_direct_kernels():
     assert y.tolist() == [1.0, float("-inf")]
     K.avgpool2d(x, 0, 1, 1, 12, 1, 2, 1, 10**8, 0, 0, 1, 2, 1, 10**8 + 2, True, y, 0)
     assert y[0] == 0.5
+
+
+def test_the_specialised_stride_two_windows_equal_the_direct_kernel():
+    # 3x3/2 and 2x2/2 take one expression per output (no loop over the column taps)
+    rng = np.random.default_rng(2)
+    for kh, kw, pads in [(3, 3, (0, 0)), (3, 3, (1, 1)), (2, 2, (0, 0)), (3, 2, (1, 0))]:
+        c, h, w = 3, 11, 13
+        oh, ow = _out(h, kh, 2, 1, pads[0], pads[0]), _out(w, kw, 2, 1, pads[1], pads[1])
+        x = rng.standard_normal(c * h * w).astype(np.float32)
+        x[::5], x[::13] = np.nan, -np.inf
+        a, b = np.empty(c * oh * ow, np.float32), np.empty(c * oh * ow, np.float32)
+        K._maxpool2d_rows(x, 0, c, h, w, kh, kw, 2, 2, 1, 1, pads[0], pads[1], oh, ow, a, 0)
+        K._maxpool2d_direct(x, 0, c, h, w, kh, kw, 2, 2, 1, 1, pads[0], pads[1], oh, ow, b, 0)
+        assert np.array_equal(a, b, equal_nan=True), (kh, kw, pads)

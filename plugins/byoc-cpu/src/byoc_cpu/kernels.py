@@ -69,7 +69,13 @@ def _maxpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, y
                 for q in range(q1):
                     rp[U(pl + q)] = np.fmax(rp[U(pl + q)], x[U(row + q)])
             out = yo + (ci * oh + i) * ow
-            if sw == 1:
+            if sw == 2 and dw == 1 and kw == 3:  # the common 3x3/2 window: one expression per output
+                for j in range(ow):  # vectorises (a loop over the taps did not: 2-3.4x measured)
+                    y[U(out + j)] = np.fmax(np.fmax(rp[U(2 * j)], rp[U(2 * j + 1)]), rp[U(2 * j + 2)])
+            elif sw == 2 and dw == 1 and kw == 2:
+                for j in range(ow):
+                    y[U(out + j)] = np.fmax(rp[U(2 * j)], rp[U(2 * j + 1)])
+            elif sw == 1:
                 for j in range(ow):
                     y[U(out + j)] = rp[U(j)]
                 for kj in range(1, kw):
