@@ -87,14 +87,14 @@ def reorder8(x, xo, c, h, w, L, hp, wp, pt, pl, y, yo):
     channels is written as one contiguous run of ``8 * w`` values."""
     nb = (c + CB - 1) // CB
     zero = y.dtype.type(0)
+    top = (pt * wp + pl) * CB  # the rows above and the left pad of the first row
     for b in range(nb):
         base = yo + b * L * CB
-        top = (pt * wp + pl) * CB  # the rows above and the left pad of the first row
+        kn = min(CB, c - b * CB)
         for t in range(top):
             y[_U(base + t)] = zero
         for r in range(h):
             row = base + ((r + pt) * wp + pl) * CB
-            kn = min(CB, c - b * CB)
             if kn == CB:
                 for q in range(w):
                     for k in range(CB):
@@ -156,4 +156,4 @@ def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: 
             and c % CB == 0 and m % MB == 0)
 
 
-__all__ = ["MB", "MR", "applies", "blocked_weights", "blocked_weights_axes", "conv8", "plane_length", "reorder8"]
+__all__ = ["CB", "MB", "MR", "applies", "blocked_weights", "blocked_weights_axes", "conv8", "plane_length", "reorder8"]

@@ -786,7 +786,7 @@ def make_conv(spec: NodeSpec):
             g["wm"] = winograd_tile(cg, m // group, *out_sp)
         elif (nd == 2 and compute_dtype(x.dtype) == np.float32 and not use_own_gemm(m, 4096, cg * kvol)
               and blocked.applies(c, m, group, *ksz, *strides, *dil)
-              and out_sp[0] * (x.shape[3] + pb[1] + pe[1]) <= _SHIFT_MAX_WASTE * out_sp[0] * out_sp[1]):
+              and x.shape[3] + pb[1] + pe[1] <= _SHIFT_MAX_WASTE * out_sp[1]):  # padded width: little waste
             # the channel-blocked direct kernel (byoc-cpu's too): faster than OpenBLAS's GEMMs here
             g["how"] = "blocked"
             g["hp"], g["wp"] = x.shape[2] + pb[0] + pe[0], x.shape[3] + pb[1] + pe[1]
