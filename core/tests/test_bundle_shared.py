@@ -129,3 +129,22 @@ def test_loading_views_the_artifact_bytes_instead_of_copying_them():
     # without views (the writer's check) the bytes are copied back into the proto
     copied = shared.detach(graph(), artifact, fail)
     assert copied[0][1].raw_data == w.tobytes() and shared.view_of(copied[0][1], artifact, None) is None
+
+
+def test_low_entropy_weights_are_found_in_linear_time():
+    # a constant tensor matches the artifact's first word almost everywhere: the search must not
+    # compare the whole tensor at each of those places (that was quadratic: minutes per model)
+    half = np.full(1 << 18, 0.5, np.float32)  # 1 MiB
+    needle = half.copy()
+    needle[-1] = 1.0
+    artifact = np.concatenate([half, half, half, half, needle]).tobytes()
+    graph = helper.make_graph([], "g", [], [], [onnx.numpy_helper.from_array(needle, "w"),
+                                                onnx.numpy_helper.from_array(half[:2048] + 1, "absent")])
+    assert shared.share(graph, artifact) == needle.nbytes
+    w, absent = graph.initializer
+    assert {e.key: e.value for e in w.external_data}["offset"] == str(4 * half.nbytes)
+    assert absent.HasField("raw_data")  # not in the artifact: stays inline
+    # an occurrence only at unaligned offsets is not shared either
+    odd = bytes(1) + needle.tobytes() + bytes(3)
+    graph = helper.make_graph([], "g", [], [], [onnx.numpy_helper.from_array(needle, "w")])
+    assert shared.share(graph, odd) == 0 and graph.initializer[0].HasField("raw_data")
