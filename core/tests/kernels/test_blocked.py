@@ -103,8 +103,14 @@ def test_host_conv_takes_the_blocked_kernel(n, cmk, hw, pads, seed):
     real = conv._blocked_conv
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv, "_blocked_conv", lambda *a: (calls.append(1), real(*a)))
-        mp.setattr("byoc.kernels.gemm._OWN_GEMM", False)  # the rule for CPUs without AVX-512, on any CPU
+        mp.setattr("byoc.kernels.blocked.PAYS", True)  # the rule where the kernel pays, on any CPU
         got = run_byoc(model, feeds)
     wp = hw + 3 + pads[1] + pads[3]
     assert bool(calls) == (wp <= 1.5 * (wp - k + 1))  # taken wherever the padded width wastes little
     assert_close(got, run_onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("env, want", [("1", True), ("0", False)])
+def test_blocked_conv_switch(monkeypatch, env, want):
+    monkeypatch.setenv("BYOC_BLOCKED_CONV", env)
+    assert blocked._pays() is want

@@ -220,7 +220,7 @@ def test_auto_takes_the_blocked_kernel_where_it_applies():
                        ["y"], {"W": (rng.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32)})
     feeds = {"x": rng.standard_normal((1, 16, 30, 30)).astype(np.float32)}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("byoc_cpu.lower.FULL_WIDTH", False)  # the rule for CPUs without AVX-512, on any CPU
+        mp.setattr("byoc.kernels.blocked.PAYS", True)  # the rule where the kernel pays, on any CPU
         cpu = compile_cpu(model, threads=2)
     (region,) = cpu.regions
     assert "conv, blocked" in region.artifact.metadata["source"]

@@ -19,13 +19,15 @@ planar output (docs/speed.md, round five).
 
 from __future__ import annotations
 
+import os
+
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from byoc.kernels.gemm import ir_accumulate, ir_vector_ops
+from byoc.kernels.gemm import FULL_WIDTH, ir_accumulate, ir_vector_ops
 
 _U = np.uint64  # unsigned indices: no negative-index wraparound, so LLVM vectorises
 
@@ -33,6 +35,32 @@ _U = np.uint64  # unsigned indices: no negative-index wraparound, so LLVM vector
 MR, NV, VW, CB = 6, 2, 8, 8
 #: output channels per weight block
 MB = NV * VW
+
+#: CPUs whose AVX-512 units split each 512-bit FMA into two 256-bit halves (LLVM's CPU names):
+#: there byoc's 16-wide GEMM has no more FMA throughput than this 8-wide kernel, and this one
+#: reads its operands contiguously (measured on Zen 4: 94-99 GFLOP/s on one core for ResNet-50's
+#: 3x3 shapes, against ~72 for the GEMM's implicit convolution)
+HALF_RATE_512 = frozenset({"znver4"})
+
+
+def _pays() -> bool:
+    env = os.environ.get("BYOC_BLOCKED_CONV", "")
+    if env in ("0", "1"):
+        return env == "1"
+    if not FULL_WIDTH:
+        return True
+    try:
+        from llvmlite import binding as llvm
+
+        return llvm.get_host_cpu_name() in HALF_RATE_512
+    except Exception:  # pragma: no cover - exotic platforms
+        return False
+
+
+#: whether the host kernels and byoc-cpu prefer this kernel where it :func:`applies`: CPUs
+#: without AVX-512 (against OpenBLAS) and those in :data:`HALF_RATE_512`; not where byoc's
+#: 16-wide GEMM runs at full rate. ``BYOC_BLOCKED_CONV=0``/``1`` decides instead.
+PAYS = _pays()
 
 
 @intrinsic
@@ -156,4 +184,4 @@ def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: 
             and c % CB == 0 and m % MB == 0)
 
 
-__all__ = ["CB", "MB", "MR", "applies", "blocked_weights", "blocked_weights_axes", "conv8", "plane_length", "reorder8"]
+__all__ = ["CB", "HALF_RATE_512", "MB", "MR", "PAYS", "applies", "blocked_weights", "blocked_weights_axes", "conv8", "plane_length", "reorder8"]

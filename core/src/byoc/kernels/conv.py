@@ -784,7 +784,7 @@ def make_conv(spec: NodeSpec):
               and not (compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg))):
             g["how"] = "winograd"
             g["wm"] = winograd_tile(cg, m // group, *out_sp)
-        elif (nd == 2 and compute_dtype(x.dtype) == np.float32 and not use_own_gemm(m, 4096, cg * kvol)
+        elif (nd == 2 and compute_dtype(x.dtype) == np.float32 and blocked.PAYS
               and blocked.applies(c, m, group, *ksz, *strides, *dil)
               and x.shape[3] + pb[1] + pe[1] <= _SHIFT_MAX_WASTE * out_sp[1]):  # padded width: little waste
             # the channel-blocked direct kernel (byoc-cpu's too): faster than OpenBLAS's GEMMs here

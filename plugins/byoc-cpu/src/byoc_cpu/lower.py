@@ -902,7 +902,7 @@ class Lowering:
                 and winograd_tile(p["cg"], p["m"], p["oh"], p["ow"]) == side):
             # OpenBLAS's GEMMs (no full-width micro-kernel on this CPU): the core's rule
             return "winograd"
-        if blocked_ok and not FULL_WIDTH and forced == "auto":
+        if blocked_ok and blocked.PAYS and forced == "auto":
             # the blocked direct kernel beats OpenBLAS's GEMMs on these (shift and im2col alike)
             return "blocked"
         blas_shift_ok = FULL_WIDTH or shift_pays(p["cg"], p["m"] // p["group"])
