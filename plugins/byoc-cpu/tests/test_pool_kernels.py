@@ -67,3 +67,22 @@ def test_the_specialised_stride_two_windows_equal_the_direct_kernel():
         K._maxpool2d_rows(x, 0, c, h, w, kh, kw, 2, 2, 1, 1, pads[0], pads[1], oh, ow, a, 0)
         K._maxpool2d_direct(x, 0, c, h, w, kh, kw, 2, 2, 1, 1, pads[0], pads[1], oh, ow, b, 0)
         assert np.array_equal(a, b, equal_nan=True), (kh, kw, pads)
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=st.integers(1, 3), h=st.integers(1, 12), w=st.integers(1, 12), include_pad=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_the_same_size_three_by_three_window_equals_the_direct_kernel(c, h, w, include_pad, seed):
+    # 3x3, stride 1, pad 1 (Inception's pooling branch) runs over whole planes (_pool_same3)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(c * h * w).astype(np.float32)
+    x[::5], x[::13] = np.nan, -np.inf
+    a, b = np.empty(c * h * w, np.float32), np.empty(c * h * w, np.float32)
+    K.maxpool2d(x, 0, c, h, w, 3, 3, 1, 1, 1, 1, 1, 1, h, w, a, 0)
+    K._maxpool2d_direct(x, 0, c, h, w, 3, 3, 1, 1, 1, 1, 1, 1, h, w, b, 0)
+    assert np.array_equal(a, b, equal_nan=True)
+    x = rng.standard_normal(c * h * w).astype(np.float32)
+    args = (3, 3, 1, 1, 1, 1, h, w, h + 2, w + 2, include_pad)
+    K.avgpool2d(x, 0, c, h, w, *args, a, 0)
+    K._avgpool2d_direct(x, 0, c, h, w, *args, b, 0)
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

@@ -625,14 +625,13 @@ def _gemm_direct(ap, m, k, b, c, j_lo, j_hi, ip_lo, ip_hi, bias, init):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _gemm_rows(ap, m, k, b, rowoff, c, j_lo, j_hi, ip_lo, ip_hi, bias, init):
-    """:func:`_gemm_direct` for an implicit B: row ``kk`` of B is ``b[rowoff[kk]:]`` (1-D ``b``)."""
+def _gemm_rows(ap, m, k, b, bo, rowoff, c, co, ldc, j_lo, j_hi, ip_lo, ip_hi, bias, init):
+    """:func:`_gemm_direct` for an implicit B on flat buffers: row ``kk`` of B is
+    ``b[bo + rowoff[kk]:]``, C at ``c[co:]`` with row stride ``ldc`` (1-D ``b`` and ``c``)."""
     mp = (m + MR - 1) // MR
-    ldc = c.strides[0] // 4
     tile = np.empty(MR * NR, np.float32)
     bt = np.empty(_KC * NR, np.float32)
     zero_off = np.arange(_KC) * NR
-    cflat = c[0]
     for pcb in range((k + _KC - 1) // _KC):
         pc = pcb * _KC
         kc = min(_KC, k - pc)
@@ -646,19 +645,21 @@ def _gemm_rows(ap, m, k, b, rowoff, c, j_lo, j_hi, ip_lo, ip_hi, bias, init):
                         i0 = ip * MR
                         aoff = (pcb * mp + ip) * _KC * MR
                         if i0 + MR <= m:
-                            _ukernel_rows(kc, ap, aoff, b, rowoff, pc, j0, cflat, i0 * ldc + j0, ldc, bias, i0, first)
+                            _ukernel_rows(kc, ap, aoff, b, rowoff, pc, bo + j0, c, co + i0 * ldc + j0, ldc, bias, i0,
+                                          first)
                         else:
                             tile[:] = 0
-                            _ukernel_rows(kc, ap, aoff, b, rowoff, pc, j0, tile, 0, NR, bias, i0, False)
+                            _ukernel_rows(kc, ap, aoff, b, rowoff, pc, bo + j0, tile, 0, NR, bias, i0, False)
                             for i in range(m - i0):
+                                o = co + (i0 + i) * ldc + j0
                                 for j in range(NR):
                                     if first:
-                                        c[i0 + i, j0 + j] = tile[i * NR + j] + bias[i0 + i]
+                                        c[o + j] = tile[i * NR + j] + bias[i0 + i]
                                     else:
-                                        c[i0 + i, j0 + j] += tile[i * NR + j]
+                                        c[o + j] += tile[i * NR + j]
                 else:
                     for kk in range(kc):
-                        o = rowoff[pc + kk] + j0
+                        o = bo + rowoff[pc + kk] + j0
                         for j in range(jn):
                             bt[kk * NR + j] = b[o + j]
                         for j in range(jn, NR):
@@ -670,11 +671,25 @@ def _gemm_rows(ap, m, k, b, rowoff, c, j_lo, j_hi, ip_lo, ip_hi, bias, init):
                         tile[:] = 0
                         _ukernel_rows(kc, ap, aoff, bt, zero_off, 0, 0, tile, 0, NR, bias, i0, False)
                         for i in range(im):
+                            o = co + (i0 + i) * ldc + j0
                             for j in range(jn):
                                 if first:
-                                    c[i0 + i, j0 + j] = tile[i * NR + j] + bias[i0 + i]
+                                    c[o + j] = tile[i * NR + j] + bias[i0 + i]
                                 else:
-                                    c[i0 + i, j0 + j] += tile[i * NR + j]
+                                    c[o + j] += tile[i * NR + j]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _gemm_table(ap, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, accumulate):
+    mp = (m + MR - 1) // MR
+    if k == 0:
+        if not accumulate:
+            for i in range(m):
+                for j in range(j_lo, j_hi):
+                    c[co + i * ldc + j] = 0.0
+        return
+    _gemm_rows(ap, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, 0, mp, np.zeros(mp * MR, np.float32),
+               accumulate == 0)
 
 
 def gemm_rows(ap: np.ndarray, m: int, b: np.ndarray, rowoff: np.ndarray, c: np.ndarray, j_lo: int, j_hi: int,
@@ -686,7 +701,13 @@ def gemm_rows(ap: np.ndarray, m: int, b: np.ndarray, rowoff: np.ndarray, c: np.n
     bb = np.zeros(mp * MR, np.float32)
     if bias is not None:
         bb[:m] = bias
-    _gemm_rows(ap, m, rowoff.shape[0], b, rowoff, c, j_lo, j_hi, ip_lo, mp if ip_hi is None else ip_hi, bb, init)
+    if m == 0 or j_hi <= j_lo:
+        return
+    # C as a flat buffer from its first element (rows ``ldc`` apart)
+    ldc = c.strides[0] // 4
+    flat = np.lib.stride_tricks.as_strided(c, shape=((m - 1) * ldc + c.shape[1],), strides=(4,))
+    _gemm_rows(ap, m, rowoff.shape[0], b, 0, rowoff, flat, 0, ldc, j_lo, j_hi, ip_lo, mp if ip_hi is None else ip_hi,
+               bb, init)
 
 
 def gemm_acc(ap: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray, parallel: bool = True,
@@ -743,14 +764,7 @@ def gemm_table(ap: np.ndarray, m: int, k: int, b: np.ndarray, bo: int, rows: np.
     ``accumulate=0`` overwrites C. The caller keeps every access in bounds."""
     if m == 0 or j_hi <= j_lo:
         return
-    cv = np.lib.stride_tricks.as_strided(c[co:], shape=(m, j_hi), strides=(ldc * 4, 4))
-    if k == 0:
-        if not accumulate:
-            cv[:, j_lo:j_hi] = 0.0
-        return
-    rowoff = rows[:k] + np.int64(bo)
-    _gemm_rows(ap, m, k, b, rowoff, cv, j_lo, j_hi, 0, -(-m // MR), np.zeros(-(-m // MR) * MR, np.float32),
-               not accumulate)
+    _gemm_table(ap, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, accumulate)
 
 
 def use_own_gemm(m: int, n: int, k: int) -> bool:

@@ -182,6 +182,62 @@ def _avgpool2d_direct(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp
                 y[U(out + i * ow + j)] = acc / np.float32(rows * cols) if rows * cols > 0 else NAN
 
 
+@_jit
+def _pool_same3(x, xo, c, h, w, is_max, hp_end, wp_end, include_pad, y, yo):
+    """The 3x3, stride 1, pad 1 window that keeps the plane's size (the pooling branch of the
+    Inception blocks), max or average, over whole planes: a vertical pass over the flat plane
+    (one long loop per plane instead of short ones per row; 28x28 planes: 3-4x faster), then a
+    horizontal one whose first and last columns are redone per row. Same values as
+    :func:`_maxpool2d_rows` (the maximum starts at -inf, ``fmax``) and :func:`_avgpool2d_rows`
+    (rows summed top to bottom, then columns left to right, one division)."""
+    n = h * w
+    v = np.empty(n, np.float32)
+    div = np.empty(n, np.float32)
+    if not is_max:
+        for i in range(h):
+            fr = np.float32(_cells(i, 1, 1, 3, h, hp_end, include_pad)[2])
+            for j in range(w):
+                cols = _cells(j, 1, 1, 3, w, wp_end, include_pad)[2]
+                div[U(i * w + j)] = fr * np.float32(cols) if fr * cols > 0 else NAN
+    for ci in range(c):
+        p = xo + ci * n
+        o = yo + ci * n
+        if is_max:
+            for f in range(w):
+                v[U(f)] = np.fmax(np.fmax(NEG_INF, x[U(p + f)]), x[U(p + w + f)]) if h > 1 else np.fmax(NEG_INF, x[U(p + f)])
+            for f in range(w, n - w):
+                v[U(f)] = np.fmax(np.fmax(np.fmax(NEG_INF, x[U(p + f - w)]), x[U(p + f)]), x[U(p + f + w)])
+            if h > 1:
+                for f in range(n - w, n):
+                    v[U(f)] = np.fmax(np.fmax(NEG_INF, x[U(p + f - w)]), x[U(p + f)])
+            for f in range(1, n - 1):
+                y[U(o + f)] = np.fmax(np.fmax(v[U(f - 1)], v[U(f)]), v[U(f + 1)])
+            for i in range(h):
+                r = i * w
+                y[U(o + r)] = np.fmax(v[U(r)], v[U(r + 1)]) if w > 1 else v[U(r)]
+                if w > 1:
+                    y[U(o + r + w - 1)] = np.fmax(v[U(r + w - 2)], v[U(r + w - 1)])
+        else:
+            for f in range(w):
+                v[U(f)] = x[U(p + f)] + x[U(p + w + f)] if h > 1 else x[U(p + f)]
+            for f in range(w, n - w):
+                v[U(f)] = x[U(p + f - w)] + x[U(p + f)] + x[U(p + f + w)]
+            if h > 1:
+                for f in range(n - w, n):
+                    v[U(f)] = x[U(p + f - w)] + x[U(p + f)]
+            for f in range(1, n - 1):
+                y[U(o + f)] = (v[U(f - 1)] + v[U(f)] + v[U(f + 1)]) / div[U(f)]
+            for i in range(h):
+                r = i * w
+                y[U(o + r)] = (v[U(r)] + v[U(r + 1)] if w > 1 else v[U(r)]) / div[U(r)]
+                if w > 1:
+                    y[U(o + r + w - 1)] = (v[U(r + w - 2)] + v[U(r + w - 1)]) / div[U(r + w - 1)]
+
+
+def _same3(h, w, kh, kw, sh, sw, pt, pl, oh, ow) -> bool:
+    return kh == 3 and kw == 3 and sh == 1 and sw == 1 and pt == 1 and pl == 1 and oh == h and ow == w
+
+
 def _sparse(w: int, ow: int, kw: int, span: int) -> bool:
     """Whether a row buffer spanning every window of an output row (``span`` elements) would be
     much larger than the input and output rows: hostile strides, pads or dilations must not size
@@ -192,7 +248,9 @@ def _sparse(w: int, ow: int, kw: int, span: int) -> bool:
 def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo) -> None:
     """Max pooling of ``c`` planes ``(h, w)`` at ``x[xo:]`` into ``y[yo:]`` (``(oh, ow)`` each):
     a NaN never replaces the running maximum and padding never wins."""
-    if _sparse(w, ow, kw, (ow - 1) * sw + (kw - 1) * dw + 1):
+    if dh == 1 and dw == 1 and _same3(h, w, kh, kw, sh, sw, pt, pl, oh, ow):
+        _pool_same3(x, xo, c, h, w, True, h + 2, w + 2, False, y, yo)
+    elif _sparse(w, ow, kw, (ow - 1) * sw + (kw - 1) * dw + 1):
         _maxpool2d_direct(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo)
     else:
         _maxpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo)
@@ -200,7 +258,9 @@ def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo) -> 
 
 def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo) -> None:
     """Average pooling (``include_pad``: padding cells up to ``hp_end x wp_end`` count)."""
-    if _sparse(w, ow, kw, (ow - 1) * sw + kw):
+    if _same3(h, w, kh, kw, sh, sw, pt, pl, oh, ow):
+        _pool_same3(x, xo, c, h, w, False, hp_end, wp_end, include_pad, y, yo)
+    elif _sparse(w, ow, kw, (ow - 1) * sw + kw):
         _avgpool2d_direct(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo)
     else:
         _avgpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo)

@@ -53,8 +53,9 @@ SHIFT_MAX_WASTE = 1.5
 # (byoc.kernels.conv.winograd_tile and shift_pays), shared with the host kernels
 
 #: work below which a GEMM, or elements below which a loop, runs as one piece: handing a chunk
-#: to a pool thread costs tens of microseconds (its wake-up), as much as ~8M multiply-adds
-PAR_MIN_MACS = 1 << 23
+#: to a pool thread costs ~30 microseconds (its helpers poll outside the GIL,
+#: byoc.kernels.threads), ~1.5M multiply-adds; ShuffleNet 10% faster than at 8M (A/B)
+PAR_MIN_MACS = 1 << 21
 PAR_MIN_ELEMENTS = 1 << 18
 #: an im2col convolution whose row blocks would average fewer output columns than this splits
 #: its output channels over the pool instead (one shared patch matrix)
