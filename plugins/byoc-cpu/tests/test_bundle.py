@@ -254,3 +254,17 @@ def test_verifier_refuses_a_blocked_conv_reaching_past_its_buffers(index, value)
     step["args"][index] = value
     with pytest.raises(ProgramError):
         verify(program)
+
+
+@pytest.mark.parametrize("index, value", [(0, 10**4), (3, 1), (8, 10**5), (9, 10**5), (2, 10**6)])
+def test_verifier_refuses_phase_planes_reaching_past_their_buffers(index, value):
+    # phase args: c, h, w, ldq, sh, sw, pt, pl, hq, wq; each change reads or writes past a buffer
+    rng = np.random.default_rng(1)
+    model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], strides=[2, 2], pads=[3, 3, 3, 3])],
+                       {"x": (1, 3, 20, 20)}, ["y"], {"W": rng.standard_normal((16, 3, 7, 7)).astype(np.float32)})
+    program = compile_cpu(model, conv_strategy="phase", threads=1).regions[0].artifact.metadata["program"]
+    verify(program)
+    (step,) = [s for s in _flat(program["steps"]) if s["kind"] == "phase"]
+    step["args"][index] = value
+    with pytest.raises(ProgramError):
+        verify(program)

@@ -140,7 +140,7 @@ def conv_models(draw):
     elif act is not None:
         nodes.append(helper.make_node(act, [cur], ["y"]))
         cur = "y"
-    strategy = draw(st.sampled_from(["auto", "auto", "im2col", "shift", "direct", "winograd", "blocked"]))
+    strategy = draw(st.sampled_from(["auto", "auto", "im2col", "shift", "direct", "winograd", "blocked", "phase"]))
     return make_model(nodes, inputs, [cur], inits), feeds, strategy
 
 
@@ -457,3 +457,27 @@ def test_verifier_refuses_a_winograd_step_outside_its_buffers():
         bad["steps"][path]["args"][arg] = value
         with pytest.raises(ProgramError):
             verify(bad)
+
+
+@settings(max_examples=25)
+@given(st.integers(1, 12), st.integers(2, 4), st.integers(2, 4), st.integers(1, 7), st.integers(0, 3),
+       st.integers(1, 2), st.integers(1, 2), st.integers(0, 2**31))
+def test_phase_strategy_matches_onnxruntime(c, sh, sw, k, pad, dil, n, seed):
+    # strided convolutions over stride phases (an implicit GEMM, no patch matrix), with a bias
+    # and ReLU epilogue; the rule picks it for strided KxK convolutions where it applies
+    rng = np.random.default_rng(seed)
+    kh, kw = k, max(1, k - 1)
+    size = (max(kh, kw) - 1) * dil + 1 + 3 * max(sh, sw)
+    m = 16
+    inits = {"W": (rng.standard_normal((m, c, kh, kw)) / np.sqrt(c * kh * kw)).astype(np.float32),
+             "B": rng.standard_normal(m).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], strides=[sh, sw], pads=[pad, pad, pad, pad],
+                              dilations=[dil, dil], kernel_shape=[kh, kw]), helper.make_node("Relu", ["c"], ["y"])]
+    x = rng.standard_normal((n, c, size, size + 1)).astype(np.float32)
+    model = make_model(nodes, {"x": x.shape}, ["y"], inits)
+    cpu = compile_cpu(model, conv_strategy="phase", threads=2)
+    assert_close(cpu.run({"x": x}), onnxruntime_run(model, {"x": x}), rtol=1e-4, atol=1e-4)
+    ow = (x.shape[3] + 2 * pad - (kw - 1) * dil - 1) // sw + 1
+    if kh * kw > 1 and ow + ((kw - 1) * dil) // sw <= 1.5 * ow:  # where the phase planes waste little
+        (region,) = cpu.regions
+        assert "conv, phase" in region.artifact.metadata["source"]

@@ -184,4 +184,5 @@ def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: 
             and c % CB == 0 and m % MB == 0)
 
 
-__all__ = ["CB", "HALF_RATE_512", "MB", "MR", "PAYS", "applies", "blocked_weights", "blocked_weights_axes", "conv8", "plane_length", "reorder8"]
+__all__ = ["CB", "HALF_RATE_512", "MB", "MR", "PAYS", "applies", "blocked_weights", "blocked_weights_axes", "conv8",
+           "plane_length", "reorder8"]

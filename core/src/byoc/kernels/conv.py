@@ -1434,6 +1434,17 @@ def pad_planes(x, xo, c, h, w, xp, po, ldp, hp, wp, pt, pl) -> None:
     _pad_planes(_planes(x, xo, c, h, w), 0, 0, c, pt, pl, hp, wp, xp[po:po + c * ldp].reshape(c, ldp))
 
 
+def phase_planes(x, xo, c, h, w, xp, po, ldq, sh, sw, pt, pl, hq, wq) -> None:
+    """The stride phases of ``c`` zero-padded planes ``(h, w)`` at ``x[xo:]``: plane ``i`` becomes
+    row ``i`` of ``xp[po:]`` (row length ``ldq >= sh*sw*hq*wq``), phase ``(py, px)`` at
+    ``(py*sw + px)*hq*wq`` holding ``xpad[r*sh + py, q*sw + px]`` for ``r < hq, q < wq`` (padding
+    ``pt``/``pl`` before the input); every other element of the row is zero. A strided
+    convolution's tap then reads one phase plane at a fixed offset (an implicit GEMM)."""
+    if c <= 0:
+        return
+    _phase_planes(_planes(x, xo, c, h, w), 0, 0, 0, c, sh, sw, pt, pl, hq, wq, xp[po:po + c * ldq].reshape(c, ldq))
+
+
 def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co) -> None:
     """Patch matrix of output rows ``[r0, r1)``: ``col[co:]`` is ``(c*kh*kw, (r1-r0)*ow)``, row
     ``(ci*kh + ki)*kw + kj``."""

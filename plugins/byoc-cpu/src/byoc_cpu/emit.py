@@ -64,6 +64,7 @@ INSTRUCTIONS: dict[str, tuple[int, str]] = {
 #: ``args``, "f3" the three floats of ``fargs``
 FIXED: dict[str, tuple[str, tuple]] = {
     "pad": ("K.pad_planes", ("x", 3, "y", 5)),
+    "phase": ("K.phase_planes", ("x", 3, "y", 7)),
     "im2col": ("K.im2col", ("x", 14, "y")),
     "subsample": ("K.subsample", ("x", 7, "y")),
     "conv_direct": ("K.conv_direct", ("x", 3, "W", 14, "y")),

@@ -24,7 +24,7 @@ import numpy as np
 # re-exported here under the names the generated code calls
 from byoc.kernels import conv as _conv
 from byoc.kernels.blocked import conv8, reorder8
-from byoc.kernels.conv import conv_direct, im2col, pad_planes, subsample, valid_range
+from byoc.kernels.conv import conv_direct, im2col, pad_planes, phase_planes, subsample, valid_range
 
 #: indices are cast to unsigned: Numba then skips its negative-index wraparound, which would
 #: otherwise keep LLVM from vectorising every ``base + i`` access (measured 10x on pooling)
@@ -389,5 +389,6 @@ def winograd(x, xo, c, h, w, wt, m, pt, pl, oh, ow, mt, y, yo) -> None:
 
 __all__ = [
     "avgpool2d", "conv8", "conv_direct", "copy_blocks", "global_pool", "im2col", "lrn", "maxpool2d", "pad_planes",
+    "phase_planes",
     "reorder8", "softmax_rows", "subsample", "winograd",
 ]

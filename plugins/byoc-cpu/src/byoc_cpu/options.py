@@ -13,9 +13,9 @@ OPTIONS = [
            doc="fuse elementwise chains into GEMM epilogues and into single loops (False: one loop per node)"),
     Option("concat_in_place", True, type=bool,
            doc="let producers write straight into a Concat's buffer when the pieces are contiguous"),
-    Option("conv_strategy", "auto", choices=("auto", "im2col", "shift", "direct", "winograd", "blocked"),
-           doc='"auto" picks per Conv; "im2col" / "shift" / "direct" / "winograd" / "blocked" force one where it '
-               'applies (for tests and comparisons)'),
+    Option("conv_strategy", "auto", choices=("auto", "im2col", "shift", "direct", "winograd", "blocked", "phase"),
+           doc='"auto" picks per Conv; "im2col" / "shift" / "direct" / "winograd" / "blocked" / "phase" (strided: '
+               'the shift strategy over stride phases) force one where it applies (for tests and comparisons)'),
     Option("threads", None, type=int, minimum=1, machine_local=True,
            doc="threads the generated code splits GEMMs and loops for (None: byoc's pool size, BYOC_NUM_THREADS)"),
     Option("cache_dir", None, type=str, machine_local=True,

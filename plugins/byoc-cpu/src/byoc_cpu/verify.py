@@ -24,7 +24,7 @@ _KINDS = ("in", "const", "out", "arena")
 _WRITABLE = ("out", "arena")
 _ATTRS = {"alpha", "beta", "gamma", "lo", "hi"}
 _FIXED_SHAPE = {  # kind -> (ints, floats); must agree with emit.FIXED
-    "pad": (8, 0), "im2col": (14, 0), "subsample": (7, 0), "conv_direct": (17, 0), "maxpool": (13, 0),
+    "pad": (8, 0), "phase": (10, 0), "im2col": (14, 0), "subsample": (7, 0), "conv_direct": (17, 0), "maxpool": (13, 0),
     "avgpool": (14, 0), "gpool": (3, 0), "softmax": (3, 0), "lrn": (3, 3), "copy": (4, 0), "winograd": (9, 0),
     "reorder8": (8, 0), "conv8": (11, 0),
 }
@@ -310,6 +310,12 @@ def _pad(a, w):
     return c * h * wd, c * ldp
 
 
+def _phase(a, w):
+    c, h, wd, ldq, sh, sw, pt, pl, hq, wq = a
+    _need(min(c, h, wd, sh, sw, hq, wq) >= 1 and min(pt, pl) >= 0 and ldq >= sh * sw * hq * wq, w, "bad phase planes")
+    return c * h * wd, c * ldq
+
+
 def _im2col(a, w):
     c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1 = a
     _need(min(c, h, wd, kh, kw, sh, sw, dh, dw, ow) >= 1 and r1 > r0, w, "bad geometry")
@@ -395,7 +401,7 @@ _WEIGHTED = {
 }
 
 _FIXED_EXTENTS = {
-    "pad": _pad, "im2col": _im2col, "subsample": _subsample, "conv_direct": _direct, "maxpool": _maxpool,
+    "pad": _pad, "phase": _phase, "im2col": _im2col, "subsample": _subsample, "conv_direct": _direct, "maxpool": _maxpool,
     "avgpool": _avgpool, "gpool": _gpool, "softmax": _softmax, "lrn": _lrn, "copy": _copy, "winograd": _winograd,
     "reorder8": _reorder8, "conv8": _conv8,
 }
