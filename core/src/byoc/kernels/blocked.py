@@ -63,14 +63,52 @@ def _pays() -> bool:
 PAYS = _pays()
 
 
+def _transpose_store(builder, vty, rows, py, ldc, count):
+    """Store the transpose of ``rows`` (up to 8 vectors of 8 floats: pixel ``i``'s 8 channels)
+    as 8 channel runs of ``count`` pixels each: ``py[k*ldc + i] = rows[i][k]``, through the
+    unpack / shuffle / 128-bit-lane steps of an 8x8 transpose (missing rows are undefined)."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    undef = ir.Constant(vty, ir.Undefined)
+    r = list(rows) + [undef] * (8 - len(rows))
+
+    def shuf(a, b, mask):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, len(mask)), mask))
+
+    lo, hi = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    t = []
+    for k in range(0, 8, 2):
+        t += [shuf(r[k], r[k + 1], lo), shuf(r[k], r[k + 1], hi)]
+    pair_lo, pair_hi = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    u = []
+    for k in (0, 4):  # rows 0-3, rows 4-7
+        u += [shuf(t[k], t[k + 2], pair_lo), shuf(t[k], t[k + 2], pair_hi),
+              shuf(t[k + 1], t[k + 3], pair_lo), shuf(t[k + 1], t[k + 3], pair_hi)]
+    cols = [None] * 8
+    for k in range(4):
+        cols[k] = shuf(u[k], u[k + 4], [0, 1, 2, 3, 8, 9, 10, 11])
+        cols[k + 4] = shuf(u[k], u[k + 4], [4, 5, 6, 7, 12, 13, 14, 15])
+    for k in range(8):
+        dst = builder.gep(py, [builder.mul(ir.Constant(i64, k), ldc)])
+        done = 0
+        for width in (4, 2, 1):
+            if count - done >= width:
+                piece = shuf(cols[k], undef, list(range(done, done + width)))
+                pty = ir.VectorType(ir.FloatType(), width).as_pointer()
+                builder.store(piece, builder.bitcast(builder.gep(dst, [ir.Constant(i64, done)]), pty), align=4)
+                done += width
+
+
 @intrinsic
-def _tile(typingctx, ntap, x, xoff, toff, w, woff, tile):
-    """``tile[i*16 + j] = sum_t sum_ci x[xoff + toff[t] + i*8 + ci] * w[woff + (t*8 + ci)*16 + j]``
-    for ``i < 6``, ``j < 16``, ``t < ntap``: the accumulators stay in registers."""
-    sig = types.void(types.intp, x, types.intp, toff, w, types.intp, tile)
+def _tile(typingctx, ntap, x, xoff, toff, w, woff, tile, y, yo, ldc, direct):
+    """``acc[i, j] = sum_t sum_ci x[xoff + toff[t] + i*8 + ci] * w[woff + (t*8 + ci)*16 + j]``
+    for ``i < 6``, ``j < 16``, ``t < ntap`` in registers; then with ``direct`` stored transposed
+    straight into the planar output, ``y[yo + j*ldc + i] = acc[i, j]`` (a whole tile: 6 pixels,
+    16 channels), else into ``tile[i*16 + j]`` (for a partial tile, copied by the caller)."""
+    sig = types.void(types.intp, x, types.intp, toff, w, types.intp, tile, y, types.intp, types.intp,
+                     types.boolean)
 
     def codegen(context, builder, signature, args):
-        nt_v, x_v, xoff_v, to_v, w_v, woff_v, t_v = args
+        nt_v, x_v, xoff_v, to_v, w_v, woff_v, t_v, y_v, yo_v, ldc_v, direct_v = args
         vty, fma, splat = ir_vector_ops(builder, VW)
         vptr = vty.as_pointer()
         i64 = ir.IntType(64)
@@ -78,6 +116,7 @@ def _tile(typingctx, ntap, x, xoff, toff, w, woff, tile):
         pto = context.make_array(signature.args[3])(context, builder, to_v).data
         pw = builder.gep(context.make_array(signature.args[4])(context, builder, w_v).data, [woff_v])
         pt = context.make_array(signature.args[6])(context, builder, t_v).data
+        py = builder.gep(context.make_array(signature.args[7])(context, builder, y_v).data, [yo_v])
 
         def body(t, accs):
             cur = list(accs)
@@ -93,9 +132,15 @@ def _tile(typingctx, ntap, x, xoff, toff, w, woff, tile):
             return cur
 
         final = ir_accumulate(builder, nt_v, MR * NV, vty, body)
-        for i in range(MR * NV):
-            dst = builder.gep(pt, [ir.Constant(i64, i * VW)])
-            builder.store(final[i], builder.bitcast(dst, vptr), align=4)
+        with builder.if_else(direct_v) as (then, otherwise):
+            with then:
+                for v in range(NV):
+                    base = builder.gep(py, [builder.mul(ir.Constant(i64, v * VW), ldc_v)])
+                    _transpose_store(builder, vty, [final[i * NV + v] for i in range(MR)], base, ldc_v, MR)
+            with otherwise:
+                for i in range(MR * NV):
+                    dst = builder.gep(pt, [ir.Constant(i64, i * VW)])
+                    builder.store(final[i], builder.bitcast(dst, vptr), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -157,12 +202,14 @@ def conv8(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo):
         woff = mb * ntap * CB * MB
         cn = min(MB, m - mb * MB)
         for t in range(t0, t1, MR):
-            _tile(ntap, x8, xo + t * CB, toff, wb, woff, tile)
             nt = min(MR, t1 - t)
-            for co in range(cn):
-                base = yo + (mb * MB + co) * ldc + t
-                for i in range(nt):
-                    y[base + i] = tile[i * MB + co]
+            whole = nt == MR and cn == MB
+            _tile(ntap, x8, xo + t * CB, toff, wb, woff, tile, y, yo + mb * MB * ldc + t, ldc, whole)
+            if not whole:
+                for co in range(cn):
+                    base = yo + (mb * MB + co) * ldc + t
+                    for i in range(nt):
+                        y[base + i] = tile[i * MB + co]
 
 
 def blocked_weights_axes(m: int, c: int, kh: int, kw: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
