@@ -688,8 +688,8 @@ class Lowering:
         node = self.nodes[grp.anchor]
         p = self.infos[grp.anchor].params
         n, c, h, w, m, cg = p["n"], p["c"], p["h"], p["w"], p["m"], p["cg"]
-        kh, kw, sh, sw, dh, dw = p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"]
-        pt, pl, pb, pr, oh, ow, group = p["pt"], p["pl"], p["pb"], p["pr"], p["oh"], p["ow"], p["group"]
+        kh, kw, sh, sw = p["kh"], p["kw"], p["sh"], p["sw"]
+        oh, ow, group = p["oh"], p["ow"], p["group"]
         mg = m // group
         wt = np.asarray(p["weight"], dtype=np.float32).reshape(m, cg, kh, kw)
         xref = self.ref(self._val(node.inputs[0]))
@@ -722,42 +722,9 @@ class Lowering:
         elif strategy == "blocked":
             pre, chunks = self._blocked(p, xn, wt, nt, epilogue, epi)
         else:
-            if strategy == "shift":
-                # one indirect GEMM per group over the zero-padded input: K = taps x channels,
-                # row (tap, c) of B is channel c's padded plane shifted by the tap
-                hp, wp = h + pt + pb, w + pl + pr
-                ldp = hp * wp + (kw - 1) * dw
-                ncols, row_width = oh * wp, wp
-                kdim = kh * kw * cg
-                wref = self.pack_transposed(wt.reshape(group, mg, cg, kh * kw), (0, 1, 3, 2))
-                xp = Ref(self.scratch(c * ldp))
-                for c0, c1 in split(c, nt, 1):
-                    pre.append({"kind": "pad", "x": xn.at(c0 * h * w), "y": xp.at(c0 * ldp),
-                                "args": [c1 - c0, h, w, ldp, hp, wp, pt, pl]})
-                acc_ref = Ref(self.scratch(m * ncols))
-                acc = (acc_ref, [0, ncols, wp, 1])
-                segments = [[(t // kw) * dh * wp + (t % kw) * dw, cg, ldp] for t in range(kh * kw)]
-                b_group, c_ref, ldc = (lambda g: xp.at(g * cg * ldp)), acc_ref, ncols
-            elif strategy == "phase":
-                # a strided convolution as the shift strategy over the input's stride phases: tap
-                # (a, d) reads phase ((a*dh) % sh, (d*dw) % sw) at a fixed offset, no patch matrix
-                hq, wq = oh + ((kh - 1) * dh) // sh, ow + ((kw - 1) * dw) // sw
-                ldq = sh * sw * hq * wq + ((kw - 1) * dw) // sw
-                ncols, row_width = oh * wq, wq
-                kdim = kh * kw * cg
-                wref = self.pack_transposed(wt.reshape(group, mg, cg, kh * kw), (0, 1, 3, 2))
-                xp = Ref(self.scratch(c * ldq))
-                for c0, c1 in split(c, nt, 1):
-                    pre.append({"kind": "phase", "x": xn.at(c0 * h * w), "y": xp.at(c0 * ldq),
-                                "args": [c1 - c0, h, w, ldq, sh, sw, pt, pl, hq, wq]})
-                acc_ref = Ref(self.scratch(m * ncols))
-                acc = (acc_ref, [0, ncols, wq, 1])
-                segments = []
-                for t in range(kh * kw):
-                    a, d = (t // kw) * dh, (t % kw) * dw
-                    start = ((a % sh) * sw + d % sw) * hq * wq + (a // sh) * wq + d // sw
-                    segments.append([start, cg, ldq])
-                b_group, c_ref, ldc = (lambda g: xp.at(g * cg * ldq)), acc_ref, ncols
+            if strategy in ("shift", "phase"):
+                kdim, wref, ncols, row_width, acc, segments, b_group, ldc = self._shifted_input(p, xn, wt, nt, pre)
+                c_ref = acc[0]
             elif strategy == "pointwise":
                 kdim = cg
                 wref = self.pack(wt.reshape(group, mg, cg))
@@ -819,6 +786,35 @@ class Lowering:
         geo = [c, h, w, m, p["cg"], p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"], pt, pl, oh, ow]
         return [], [[{"kind": "conv_direct", "x": xn, "w": wref, "y": tn, "args": geo + [m0, m1]}] + epi(raw, 0, m0, m1)
                     for m0, m1 in blocks]
+
+    def _shifted_input(self, p, xn: Ref, wt: np.ndarray, nt: int, pre: list):
+        """The B operand of the shift and phase strategies: one indirect GEMM per group over the
+        zero-padded input (stride 1: ``pad``) or over its stride phases (``phase``), K = taps x
+        channels, row (tap, c) of B being channel c's (phase) plane at the tap's fixed offset;
+        the accumulator has the plane's padded width, cropped by the epilogue. Appends the
+        padding steps to ``pre``; returns ``(kdim, wref, ncols, row_width, acc, segments,
+        b_group, ldc)``."""
+        c, h, w, m, cg, group = p["c"], p["h"], p["w"], p["m"], p["cg"], p["group"]
+        kh, kw, sh, sw, dh, dw, oh, ow = p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"], p["oh"], p["ow"]
+        pt, pl = p["pt"], p["pl"]
+        hq, wq = oh + ((kh - 1) * dh) // sh, ow + ((kw - 1) * dw) // sw  # stride 1: the padded plane
+        ldq = sh * sw * hq * wq + ((kw - 1) * dw) // sw
+        wref = self.pack_transposed(wt.reshape(group, m // group, cg, kh * kw), (0, 1, 3, 2))
+        xp = Ref(self.scratch(c * ldq))
+        for c0, c1 in split(c, nt, 1):
+            if sh == 1 and sw == 1:
+                pre.append({"kind": "pad", "x": xn.at(c0 * h * w), "y": xp.at(c0 * ldq),
+                            "args": [c1 - c0, h, w, ldq, hq, wq, pt, pl]})
+            else:
+                pre.append({"kind": "phase", "x": xn.at(c0 * h * w), "y": xp.at(c0 * ldq),
+                            "args": [c1 - c0, h, w, ldq, sh, sw, pt, pl, hq, wq]})
+        ncols = oh * wq
+        acc = (Ref(self.scratch(m * ncols)), [0, ncols, wq, 1])
+        segments = []
+        for t in range(kh * kw):
+            a, d = (t // kw) * dh, (t % kw) * dw
+            segments.append([((a % sh) * sw + d % sw) * hq * wq + (a // sh) * wq + d // sw, cg, ldq])
+        return kh * kw * cg, wref, ncols, wq, acc, segments, (lambda g: xp.at(g * cg * ldq)), ncols
 
     def _blocked(self, p, xn: Ref, wt: np.ndarray, nt: int, epilogue, epi):
         """(pre, chunks) of a convolution by the channel-blocked direct kernel
