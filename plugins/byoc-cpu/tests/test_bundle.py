@@ -241,6 +241,17 @@ def _flat(steps):
             yield s
 
 
+def _assert_refused_with(model, strategy: str, kind: str, index: int, value: int) -> None:
+    """The program of ``model`` (one convolution, ``strategy``) verifies; with argument ``index``
+    of its ``kind`` step set to ``value`` it does not."""
+    program = compile_cpu(model, conv_strategy=strategy, threads=1).regions[0].artifact.metadata["program"]
+    verify(program)
+    (step,) = [s for s in _flat(program["steps"]) if s["kind"] == kind]
+    step["args"][index] = value
+    with pytest.raises(ProgramError):
+        verify(program)
+
+
 @pytest.mark.parametrize("index, value", [(10, 10**6), (1, 5), (8, 9), (5, 10**6), (6, 1), (0, 10**4)])
 def test_verifier_refuses_a_blocked_conv_reaching_past_its_buffers(index, value):
     # conv8 args: cb, plane, wp, kh, kw, m, ldc, mb0, mb1, t0, t1; each change reads or writes
@@ -248,12 +259,7 @@ def test_verifier_refuses_a_blocked_conv_reaching_past_its_buffers(index, value)
     rng = np.random.default_rng(0)
     model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])], {"x": (1, 16, 12, 12)},
                        ["y"], {"W": rng.standard_normal((32, 16, 3, 3)).astype(np.float32)})
-    program = compile_cpu(model, conv_strategy="blocked", threads=1).regions[0].artifact.metadata["program"]
-    verify(program)
-    (step,) = [s for s in _flat(program["steps"]) if s["kind"] == "conv8"]
-    step["args"][index] = value
-    with pytest.raises(ProgramError):
-        verify(program)
+    _assert_refused_with(model, "blocked", "conv8", index, value)
 
 
 @pytest.mark.parametrize("index, value", [(0, 10**4), (3, 1), (8, 10**5), (9, 10**5), (2, 10**6)])
@@ -262,9 +268,4 @@ def test_verifier_refuses_phase_planes_reaching_past_their_buffers(index, value)
     rng = np.random.default_rng(1)
     model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], strides=[2, 2], pads=[3, 3, 3, 3])],
                        {"x": (1, 3, 20, 20)}, ["y"], {"W": rng.standard_normal((16, 3, 7, 7)).astype(np.float32)})
-    program = compile_cpu(model, conv_strategy="phase", threads=1).regions[0].artifact.metadata["program"]
-    verify(program)
-    (step,) = [s for s in _flat(program["steps"]) if s["kind"] == "phase"]
-    step["args"][index] = value
-    with pytest.raises(ProgramError):
-        verify(program)
+    _assert_refused_with(model, "phase", "phase", index, value)
