@@ -271,22 +271,23 @@ def _spin_wait(word: np.ndarray, idx: int, seen: int, sidx: int = -1, svalue: in
     """Poll ``word[idx] != seen`` outside the GIL (after storing ``svalue`` at ``word[sidx]``)."""
     global _spin
     if _spin is None:
-        try:
-            _spin = _make_spin()
-        except Exception:  # pragma: no cover - no Numba/LLVM: sleep on the condition at once
-            def _spin(word, idx, seen, polls, sidx, svalue):
-                if sidx >= 0:
-                    word[sidx] = svalue
-                return False
+        with _lock:  # one dispatcher for every thread (Numba then compiles it once)
+            if _spin is None:
+                try:
+                    _spin = _make_spin()
+                except Exception:  # pragma: no cover - no Numba/LLVM: sleep on the condition at once
+                    def _spin(word, idx, seen, polls, sidx, svalue):
+                        if sidx >= 0:
+                            word[sidx] = svalue
+                        return False
     return bool(_spin(word, idx, seen, SPIN_POLLS, sidx, svalue))
 
 
 class _Job:
-    __slots__ = ("fn", "n", "claim", "done", "lock", "finished", "error", "word", "generation")
+    __slots__ = ("fn", "n", "claim", "done", "lock", "finished", "error", "generation")
 
-    def __init__(self, fn, n: int, word: np.ndarray | None = None, generation: int = 0):
-        self.word = word  # word[_DONE] = generation once every chunk has finished
-        self.generation = generation
+    def __init__(self, fn, n: int, generation: int = 0):
+        self.generation = generation  # the pool's count of posted jobs, this one included
         self.fn = fn
         self.n = n
         self.claim = itertools.count()  # next() is atomic under the GIL
@@ -297,7 +298,7 @@ class _Job:
 
     def work(self) -> bool:
         """Run chunks until none is left; True when this thread finished the job's last one
-        (it then owes the caller ``word[_DONE] = generation``)."""
+        (a helper then announces it in the pool's word, see :meth:`_Pool._loop`)."""
         last = False
         while True:
             i = next(self.claim)
@@ -339,7 +340,8 @@ class _Pool:
             # announce a finished job and poll for the next one outside the GIL (the caller,
             # polling too, then takes the GIL without waiting for this thread to drop it), then
             # sleep until notified
-            if not _spin_wait(self._word, _POSTED, seen, _DONE if finished >= 0 else -1, finished):
+            # (not before the first job: an idle process compiles and polls nothing)
+            if seen == 0 or not _spin_wait(self._word, _POSTED, seen, _DONE if finished >= 0 else -1, finished):
                 with self._cv:
                     while self._generation == seen:
                         self._cv.wait()
@@ -357,10 +359,12 @@ class _Pool:
                 fn(i)
             return
         try:
-            done_before = int(self._word[_DONE])  # only this job's helper changes it now
+            # a helper announces a job it finished in word[_DONE]; a late announcement of an
+            # earlier job only ends this one's polling early (the event decides)
+            done_before = int(self._word[_DONE])
             with self._cv:
                 self._generation += 1
-                job = _Job(fn, n, self._word, self._generation)
+                job = _Job(fn, n, self._generation)
                 self._job = job
                 self._word[_POSTED] = self._generation
                 self._cv.notify_all()
