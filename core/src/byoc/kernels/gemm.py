@@ -681,6 +681,8 @@ def _gemm_rows(ap, m, k, b, bo, rowoff, c, co, ldc, j_lo, j_hi, ip_lo, ip_hi, bi
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _gemm_table(ap, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, accumulate):
+    """:func:`gemm_table` in one compiled call (no Python between the plugin's call and the tile
+    loops: ~10 us saved per call)."""
     mp = (m + MR - 1) // MR
     if k == 0:
         if not accumulate:
@@ -698,14 +700,18 @@ def gemm_rows(ap: np.ndarray, m: int, b: np.ndarray, rowoff: np.ndarray, c: np.n
     B is ``b[rowoff[k] + j_lo : rowoff[k] + j_hi]`` of the 1-D float32 ``b`` and ``A`` (M, K) is
     packed by :func:`pack_a`; rows of A's panels ``[ip_lo, ip_hi)`` (default: all)."""
     mp = -(-m // MR)
+    if m == 0 or j_hi <= j_lo:
+        return
     bb = np.zeros(mp * MR, np.float32)
     if bias is not None:
         bb[:m] = bias
-    if m == 0 or j_hi <= j_lo:
-        return
-    # C as a flat buffer from its first element (rows ``ldc`` apart)
+    # C as a flat buffer from its first element (rows ``ldc`` apart); a contiguous C as a plain
+    # view, the layout gemm_table's callers pass (one compiled specialisation for both)
     ldc = c.strides[0] // 4
-    flat = np.lib.stride_tricks.as_strided(c, shape=((m - 1) * ldc + c.shape[1],), strides=(4,))
+    if c.flags.c_contiguous:
+        flat = c.reshape(-1)
+    else:
+        flat = np.lib.stride_tricks.as_strided(c, shape=((m - 1) * ldc + c.shape[1],), strides=(4,))
     _gemm_rows(ap, m, rowoff.shape[0], b, 0, rowoff, flat, 0, ldc, j_lo, j_hi, ip_lo, mp if ip_hi is None else ip_hi,
                bb, init)
 
