@@ -216,55 +216,11 @@ _spin = None  # the nogil poll loop, compiled on first use
 
 
 def _make_spin():
-    import platform
+    """The poll loop: a module-level Numba function (so its cache entry is reused by every
+    process; a closure's was recompiled each time)."""
+    from byoc.kernels import _spin
 
-    import numba
-    from llvmlite import ir
-    from numba import types
-    from numba.extending import intrinsic
-
-    x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-
-    @intrinsic
-    def load_acquire(typingctx, arr, idx):
-        sig = types.int64(arr, types.intp)
-
-        def codegen(context, builder, signature, args):
-            a = context.make_array(signature.args[0])(context, builder, args[0])
-            value = builder.load_atomic(builder.gep(a.data, [args[1]]), "acquire", 8)
-            if x86:  # tell the core this is a spin-wait loop (saves power, frees the sibling thread)
-                fn = builder.module.globals.get("llvm.x86.sse2.pause")
-                if fn is None:
-                    fn = ir.Function(builder.module, ir.FunctionType(ir.VoidType(), []), name="llvm.x86.sse2.pause")
-                builder.call(fn, [])
-            return value
-
-        return sig, codegen
-
-    @intrinsic
-    def store_release(typingctx, arr, idx, value):
-        sig = types.void(arr, types.intp, types.int64)
-
-        def codegen(context, builder, signature, args):
-            a = context.make_array(signature.args[0])(context, builder, args[0])
-            builder.store_atomic(args[2], builder.gep(a.data, [args[1]]), "release", 8)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    @numba.njit(nogil=True, cache=True)
-    def spin(word, idx, seen, polls, sidx, svalue):
-        """Store ``svalue`` at ``word[sidx]`` first when ``sidx >= 0`` (outside the GIL: whoever
-        waits for it finds the GIL free), then poll ``word[idx]`` until it differs from
-        ``seen`` (returns True) or ``polls`` run out."""
-        if sidx >= 0:
-            store_release(word, sidx, svalue)
-        for _ in range(polls):
-            if load_acquire(word, idx) != seen:
-                return True
-        return False
-
-    return spin
+    return _spin.spin
 
 
 def _spin_wait(word: np.ndarray, idx: int, seen: int, sidx: int = -1, svalue: int = 0) -> bool:
