@@ -215,14 +215,6 @@ SPIN_POLLS = 8000
 _spin = None  # the nogil poll loop, compiled on first use
 
 
-def _make_spin():
-    """The poll loop: a module-level Numba function (so its cache entry is reused by every
-    process; a closure's was recompiled each time)."""
-    from byoc.kernels import _spin
-
-    return _spin.spin
-
-
 def _spin_wait(word: np.ndarray, idx: int, seen: int, sidx: int = -1, svalue: int = 0) -> bool:
     """Poll ``word[idx] != seen`` outside the GIL (after storing ``svalue`` at ``word[sidx]``)."""
     global _spin
@@ -230,7 +222,7 @@ def _spin_wait(word: np.ndarray, idx: int, seen: int, sidx: int = -1, svalue: in
         with _lock:  # one dispatcher for every thread (Numba then compiles it once)
             if _spin is None:
                 try:
-                    _spin = _make_spin()
+                    from byoc.kernels._spin import spin as _spin
                 except Exception:  # pragma: no cover - no Numba/LLVM: sleep on the condition at once
                     def _spin(word, idx, seen, polls, sidx, svalue):
                         if sidx >= 0:

@@ -723,8 +723,8 @@ class Lowering:
             pre, chunks = self._blocked(p, xn, wt, nt, epilogue, epi)
         else:
             if strategy in ("shift", "phase"):
-                kdim, wref, ncols, row_width, acc, segments, b_group, ldc = self._shifted_input(p, xn, wt, nt, pre)
-                c_ref = acc[0]
+                kdim, wref, ncols, row_width, acc, segments, b_group = self._shifted_input(p, xn, wt, nt, pre)
+                c_ref, ldc = acc[0], ncols
             elif strategy == "pointwise":
                 kdim = cg
                 wref = self.pack(wt.reshape(group, mg, cg))
@@ -793,7 +793,7 @@ class Lowering:
         channels, row (tap, c) of B being channel c's (phase) plane at the tap's fixed offset;
         the accumulator has the plane's padded width, cropped by the epilogue. Appends the
         padding steps to ``pre``; returns ``(kdim, wref, ncols, row_width, acc, segments,
-        b_group, ldc)``."""
+        b_group)`` (the accumulator's rows are ``ncols`` apart)."""
         c, h, w, m, cg, group = p["c"], p["h"], p["w"], p["m"], p["cg"], p["group"]
         kh, kw, sh, sw, dh, dw, oh, ow = p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"], p["oh"], p["ow"]
         pt, pl = p["pt"], p["pl"]
@@ -814,7 +814,7 @@ class Lowering:
         for t in range(kh * kw):
             a, d = (t // kw) * dh, (t % kw) * dw
             segments.append([((a % sh) * sw + d % sw) * hq * wq + (a // sh) * wq + d // sw, cg, ldq])
-        return kh * kw * cg, wref, ncols, wq, acc, segments, (lambda g: xp.at(g * cg * ldq)), ncols
+        return kh * kw * cg, wref, ncols, wq, acc, segments, (lambda g: xp.at(g * cg * ldq))
 
     def _blocked(self, p, xn: Ref, wt: np.ndarray, nt: int, epilogue, epi):
         """(pre, chunks) of a convolution by the channel-blocked direct kernel
