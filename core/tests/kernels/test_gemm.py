@@ -252,3 +252,64 @@ def test_flat_table_gemm_property(m, k, n, accumulate, seed):
 def test_pack_rejects_out_of_bounds():
     with pytest.raises(ValueError, match="does not fit"):
         G.pack(np.zeros(10, np.float32), 2, 3, 4, 4)
+
+
+# -------------------------------------------------------------------------------------------------
+# the narrow-output form (vectors along M, pixels broadcast)
+
+
+@SETTINGS
+@given(m=st.integers(1, 80), k=st.integers(0, 600), n=st.integers(1, 40), accumulate=st.booleans(),
+       with_bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_narrow_gemm_property(m, k, n, accumulate, with_bias, seed):
+    # the plugin-facing form of gemm_table with A packed by pack_narrow: partial CW-row panels
+    # (M % 32), partial pixel tiles (N % 7, N < 7), several depth blocks (K > 256), K = 0
+    rng = np.random.default_rng(seed)
+    ld, wo = k + int(rng.integers(0, 5)), int(rng.integers(0, 9))
+    w = rng.standard_normal(wo + m * ld + 1).astype(np.float32)
+    a = w[wo:wo + m * ld].reshape(m, ld)[:, :k]
+    b = rng.standard_normal(k * 7 + n + 64).astype(np.float32)
+    bo = int(rng.integers(0, 32))
+    rows = rng.integers(0, k * 7 + 32, size=k).astype(np.int64)
+    ldc, co = n + int(rng.integers(0, 5)), int(rng.integers(0, 9))
+    c = rng.standard_normal(co + m * ldc + 3).astype(np.float32)
+    before = c.copy()
+    lo = int(rng.integers(0, max(1, n // 2)))
+    bias = rng.standard_normal(m).astype(np.float32) if with_bias else None
+    G.gemm_narrow(G.pack_narrow(w, wo, m, k, ld), m, k, b, bo, rows, c, co, ldc, lo, n, int(accumulate), bias)
+    full_b = np.stack([b[bo + o:bo + o + n] for o in rows]).astype(np.float64) if k else np.zeros((0, n))
+    cm = before[co:co + m * ldc].reshape(m, ldc)[:, :n].astype(np.float64)
+    base = cm if accumulate else (0.0 if bias is None else bias[:, None].astype(np.float64))
+    expected = base + a.astype(np.float64) @ full_b
+    got = c[co:co + m * ldc].reshape(m, ldc)
+    np.testing.assert_allclose(got[:, lo:n], expected[:, lo:], rtol=1e-4, atol=1e-4 * np.sqrt(k + 1))
+    untouched = np.ones(c.shape, bool)
+    untouched[co:co + m * ldc].reshape(m, ldc)[:, lo:n] = False
+    np.testing.assert_array_equal(c[untouched], before[untouched])
+
+
+@SETTINGS
+@given(m=st.integers(1, 100), k=st.integers(1, 300), n=st.integers(1, 60), pad=st.integers(0, 9),
+       parallel=st.booleans(), init=st.sampled_from([None, "zero", "bias"]), seed=st.integers(0, 2**16))
+def test_narrow_gemm_acc_property(m, k, n, pad, parallel, init, seed):
+    # the host's form: B and C as column windows of wider matrices, split over the pool by panels
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n + pad)).astype(np.float32)[:, pad:]
+    c_big = rng.standard_normal((m, n + pad)).astype(np.float32)
+    before = c_big.copy()
+    c = c_big[:, :n]
+    bias = rng.standard_normal(m).astype(np.float32) if init == "bias" else None
+    G.gemm_narrow_acc(G.pack_narrow(a.reshape(-1), 0, m, k, k), m, k, b, c, parallel, init is not None, bias)
+    base = before[:, :n] if init is None else (np.zeros((m, n)) if bias is None else bias[:, None].astype(np.float64))
+    np.testing.assert_allclose(c, base + a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4,
+                               atol=1e-4 * np.sqrt(k))
+    np.testing.assert_array_equal(c_big[:, n:], before[:, n:])
+
+
+def test_narrow_form_is_preferred_for_few_columns_only():
+    assert not G.prefers_narrow(0)
+    assert not G.prefers_narrow(G.NARROW_MAX_COLS + 1)
+    assert G.prefers_narrow(49) == G.FULL_WIDTH
+    with pytest.raises(ValueError, match="does not fit"):
+        G.pack_narrow(np.zeros(10, np.float32), 2, 3, 4, 4)

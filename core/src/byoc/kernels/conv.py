@@ -45,11 +45,16 @@ from byoc.kernels.gemm import (
     MR,
     PackCache,
     compute_dtype,
+    CW,
     gemm_acc,
+    gemm_narrow_acc,
+    gemm_narrow_panels,
     gemm_rows,
     have_blas,
     matmul_into,
     pack_a,
+    pack_narrow,
+    prefers_narrow,
     split,
     use_own_gemm,
 )
@@ -692,13 +697,24 @@ class _ConvWeights:
             ap = self._packs[key] = pack_a(a)
         return ap
 
+    def narrow(self, key, a: np.ndarray) -> np.ndarray:
+        """``a`` packed for byoc's narrow-output GEMM (:func:`byoc.kernels.gemm.pack_narrow`), once per ``key``."""
+        key = ("narrow", key)
+        ap = self._packs.get(key)
+        if ap is None:
+            m, k = a.shape
+            ap = self._packs[key] = pack_narrow(np.ascontiguousarray(a).reshape(-1), 0, m, k, k)
+        return ap
+
     def gemm(self, key, a: np.ndarray, b: np.ndarray, c: np.ndarray, parallel: bool = True, init: bool = False,
              bias: np.ndarray | None = None) -> None:
         """``c += a @ b`` (with ``init``: ``c = a @ b + bias[:, None]``) where ``a`` is a (fixed,
         per ``key``) matrix derived from these weights: byoc's micro-kernel GEMM on a
         panel-packed copy of ``a`` (made once) for float32, BLAS otherwise."""
         m, k = a.shape
-        if c.dtype == np.float32 and use_own_gemm(m, b.shape[1], k):
+        if c.dtype == np.float32 and use_own_gemm(m, b.shape[1], k) and prefers_narrow(b.shape[1]):
+            gemm_narrow_acc(self.narrow(key, a), m, k, b, c, parallel, init, bias)
+        elif c.dtype == np.float32 and use_own_gemm(m, b.shape[1], k):
             ap = self._packs.get(key)
             if ap is None:
                 ap = self._packs[key] = pack_a(a)
@@ -1244,6 +1260,20 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
             _pad_planes(x5, c0, ca, cb, pt, pl, hp, wp, xp)
 
         threads.parallel_for(pad_chunk, len(cblocks))
+        if implicit and prefers_narrow(ncols):
+            # a few dozen columns (7x7, 14x14 maps): the narrow form, blocks of CW output channels
+            apn = pw.narrow(("mat", gi), pw.mat[gi])
+            qblocks = split(-(-mg // CW), nt)
+            zeros = np.zeros(len(qblocks) and qblocks[-1][1] * CW, np.float32)
+
+            def nar_rows(i, apn=apn, gi=gi):
+                q0, q1 = qblocks[i]
+                gemm_narrow_panels(apn, mg, rowoff.shape[0], xflat, rowoff, acc.reshape(-1), ncols, ncols, q0, q1,
+                                   True, zeros)
+                _crop_planes(acc, hp, wp, oh, ow, bias, gi * mg, q0 * CW, min(mg, q1 * CW), out)
+
+            threads.parallel_for(nar_rows, len(qblocks))
+            continue
         if implicit:
             ap = pw.packed(("mat", gi), pw.mat[gi])
             if blocks is not None:

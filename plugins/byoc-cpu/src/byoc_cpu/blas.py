@@ -102,15 +102,19 @@ def sgemm(m: int, n: int, k: int, a: np.ndarray, ao: int, lda: int, b: np.ndarra
 
 class Weight:
     """A GEMM left operand (m, k), prepared once at load: packed for byoc's micro-kernel
-    (:func:`byoc.kernels.gemm.pack`) where it runs at full width, else kept as a block of its
-    constant for OpenBLAS."""
+    (:func:`byoc.kernels.gemm.pack`) where it runs at full width, or in the narrow form
+    (:func:`byoc.kernels.gemm.pack_narrow`) when every product it takes part in has few output
+    columns; else kept as a block of its constant for OpenBLAS."""
 
-    __slots__ = ("a", "ao", "lda", "m", "k", "packed")
+    __slots__ = ("a", "ao", "lda", "m", "k", "packed", "narrow")
 
-    def __init__(self, a: np.ndarray, ao: int, m: int, k: int, lda: int, use_microkernel: bool):
+    def __init__(self, a: np.ndarray, ao: int, m: int, k: int, lda: int, use_microkernel: bool,
+                 narrow: bool = False):
         self.a, self.ao, self.m, self.k, self.lda = a, ao, m, k, lda
-        self.packed = None
-        if use_microkernel:
+        self.packed = self.narrow = None
+        if use_microkernel and narrow:
+            self.narrow = gemm.pack_narrow(a, ao, m, k, lda)
+        elif use_microkernel:
             self.packed = gemm.pack(a, ao, m, k, lda)
 
 
@@ -128,6 +132,9 @@ def wgemm(wt: Weight, b: np.ndarray, bo: int, rows: Rows, c: np.ndarray, co: int
           accumulate: int) -> None:
     """Columns ``[lo, hi)`` of ``C (+)= W @ B`` (``accumulate`` 0 overwrites): row ``kk`` of B starts at
     ``b[bo + rows.table[kk]]``, C at ``c[co:]`` with row stride ``ldc``."""
+    if wt.narrow is not None:
+        gemm.gemm_narrow(wt.narrow, wt.m, wt.k, b, bo, rows.table, c, co, ldc, lo, hi, accumulate)
+        return
     if wt.packed is not None:
         gemm.gemm_table(wt.packed, wt.m, wt.k, b, bo, rows.table, c, co, ldc, lo, hi, accumulate)
         return

@@ -240,16 +240,31 @@ class CpuRegion:
             self._pool.append(arena)
 
 
+def _widths(steps: list[Any], out: dict[int, int]) -> None:
+    """The widest column range each weight is multiplied into, over ``steps`` and their chunks."""
+    for st in steps:
+        if st.get("kind") == "wgemm":
+            _, lo, hi, _ = st["args"]
+            wi = int(st["w"])
+            out[wi] = max(out.get(wi, 0), int(hi) - int(lo))
+        for chunk in st.get("chunks", ()):
+            _widths(chunk, out)
+
+
 def prepare_weights(program: dict[str, Any], consts: list[np.ndarray]) -> list[Any]:
-    """The GEMM left operands, packed for the micro-kernel where this CPU runs it at full width."""
-    from byoc.kernels.gemm import FULL_WIDTH
+    """The GEMM left operands, packed for the micro-kernel where this CPU runs it at full width:
+    in the narrow form when every product a weight takes part in has few columns."""
+    from byoc.kernels.gemm import FULL_WIDTH, prefers_narrow
     from byoc_cpu.blas import Weight
 
+    widths: dict[int, int] = {}
+    _widths(program["steps"], widths)
     out = []
-    for wt in program["weights"]:
+    for i, wt in enumerate(program["weights"]):
         _, index, offset, _ = wt["ref"]
         m, k = int(wt["m"]), int(wt["k"])
-        out.append(Weight(consts[int(index)], int(offset), m, k, int(wt["ld"]), FULL_WIDTH))
+        narrow = i in widths and prefers_narrow(widths[i])
+        out.append(Weight(consts[int(index)], int(offset), m, k, int(wt["ld"]), FULL_WIDTH, narrow))
     return out
 
 
