@@ -1252,6 +1252,8 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
         xflat = xp.reshape(-1)
         mp = -(-mg // MR)
         pblocks = split(mp, nt)
+        qblocks = split(-(-mg // CW), nt)  # the narrow form's blocks of CW output channels
+        zeros = np.zeros(qblocks[-1][1] * CW, np.float32)
     for gi in range(pw.group):
         c0 = gi * cg
 
@@ -1263,8 +1265,6 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
         if implicit and prefers_narrow(ncols):
             # a few dozen columns (7x7, 14x14 maps): the narrow form, blocks of CW output channels
             apn = pw.narrow(("mat", gi), pw.mat[gi])
-            qblocks = split(-(-mg // CW), nt)
-            zeros = np.zeros(len(qblocks) and qblocks[-1][1] * CW, np.float32)
 
             def nar_rows(i, apn=apn, gi=gi):
                 q0, q1 = qblocks[i]
