@@ -260,11 +260,14 @@ def test_pack_rejects_out_of_bounds():
 
 @SETTINGS
 @given(m=st.integers(1, 80), k=st.integers(0, 600), n=st.integers(1, 40), accumulate=st.booleans(),
-       with_bias=st.booleans(), seed=st.integers(0, 2**16))
-def test_narrow_gemm_property(m, k, n, accumulate, with_bias, seed):
+       with_bias=st.booleans(), rowed=st.booleans(), seed=st.integers(0, 2**16))
+def test_narrow_gemm_property(m, k, n, accumulate, with_bias, rowed, seed):
     # the plugin-facing form of gemm_table with A packed by pack_narrow: partial CW-row panels
-    # (M % 32), partial pixel tiles (N % 7, N < 7), several depth blocks (K > 256), K = 0
+    # (M % 32), partial pixel tiles (N % 7, N < 7), several depth blocks (K > 256), K = 0; with
+    # a period, only the first `valid` columns of each period are computed, the rest untouched
     rng = np.random.default_rng(seed)
+    period = int(rng.integers(1, 12)) if rowed else 0
+    valid = int(rng.integers(1, period + 1)) if rowed else 0
     ld, wo = k + int(rng.integers(0, 5)), int(rng.integers(0, 9))
     w = rng.standard_normal(wo + m * ld + 1).astype(np.float32)
     a = w[wo:wo + m * ld].reshape(m, ld)[:, :k]
@@ -276,15 +279,19 @@ def test_narrow_gemm_property(m, k, n, accumulate, with_bias, seed):
     before = c.copy()
     lo = int(rng.integers(0, max(1, n // 2)))
     bias = rng.standard_normal(m).astype(np.float32) if with_bias else None
-    G.gemm_narrow(G.pack_narrow(w, wo, m, k, ld), m, k, b, bo, rows, c, co, ldc, lo, n, int(accumulate), bias)
+    G.gemm_narrow(G.pack_narrow(w, wo, m, k, ld), m, k, b, bo, rows, c, co, ldc, lo, n, int(accumulate), bias,
+                  period, valid)
     full_b = np.stack([b[bo + o:bo + o + n] for o in rows]).astype(np.float64) if k else np.zeros((0, n))
     cm = before[co:co + m * ldc].reshape(m, ldc)[:, :n].astype(np.float64)
     base = cm if accumulate else (0.0 if bias is None else bias[:, None].astype(np.float64))
     expected = base + a.astype(np.float64) @ full_b
     got = c[co:co + m * ldc].reshape(m, ldc)
-    np.testing.assert_allclose(got[:, lo:n], expected[:, lo:], rtol=1e-4, atol=1e-4 * np.sqrt(k + 1))
+    cols = np.arange(lo, n)
+    if period:
+        cols = cols[cols % period < valid]
+    np.testing.assert_allclose(got[:, cols], expected[:, cols], rtol=1e-4, atol=1e-4 * np.sqrt(k + 1))
     untouched = np.ones(c.shape, bool)
-    untouched[co:co + m * ldc].reshape(m, ldc)[:, lo:n] = False
+    untouched[co:co + m * ldc].reshape(m, ldc)[:, cols] = False
     np.testing.assert_array_equal(c[untouched], before[untouched])
 
 
@@ -311,5 +318,8 @@ def test_narrow_form_is_preferred_for_few_columns_only():
     assert not G.prefers_narrow(0)
     assert not G.prefers_narrow(G.NARROW_MAX_COLS + 1)
     assert G.prefers_narrow(49) == G.FULL_WIDTH
+    assert G.prefers_narrow(49, 512) == G.FULL_WIDTH  # 49 of 64 columns busy in NR panels, every lane in 7x32 tiles
+    assert not G.prefers_narrow(49, 15)  # 15 of 32 lanes busy: the NR form wastes less
+    assert not G.prefers_narrow(64, 64)  # two full NR panels
     with pytest.raises(ValueError, match="does not fit"):
         G.pack_narrow(np.zeros(10, np.float32), 2, 3, 4, 4)

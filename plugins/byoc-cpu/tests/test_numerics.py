@@ -482,3 +482,39 @@ def test_phase_strategy_matches_onnxruntime(c, sh, sw, k, pad, dil, n, seed):
     if kh * kw > 1 and ow + ((kw - 1) * dil) // sw <= 1.5 * ow and pad < sh * kh and pad < sw * kw:
         (region,) = cpu.regions
         assert "conv, phase" in region.artifact.metadata["source"]
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_shifted_convolution_skips_its_padding_columns(stride):
+    # a 3x3 convolution onto a 7x7 map (ResNet-50's last stage): the accumulator is 9 (shift) or
+    # 8 (phase) columns wide per output row; the GEMM is told to compute only the first 7 of each
+    import copy
+
+    from byoc_cpu.verify import ProgramError, verify
+
+    rng = np.random.default_rng(3)
+    c, m, size = 40, 48, 7 * stride
+    inits = {"W": (rng.standard_normal((m, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32),
+             "B": rng.standard_normal(m).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                              strides=[stride, stride]), helper.make_node("Relu", ["c"], ["y"])]
+    x = rng.standard_normal((1, c, size, size)).astype(np.float32)
+    model = make_model(nodes, {"x": x.shape}, ["y"], inits)
+    cpu = compile_cpu(model, conv_strategy="shift" if stride == 1 else "phase", threads=2)
+    assert_close(cpu.run({"x": x}), onnxruntime_run(model, {"x": x}), rtol=1e-4, atol=1e-4)
+    program = cpu.regions[0].artifact.metadata["program"]
+
+    def wgemms(steps):
+        for st in steps:
+            if st["kind"] == "wgemm":
+                yield st
+            for chunk in st.get("chunks", ()):
+                yield from wgemms(chunk)
+
+    gemm = next(wgemms(program["steps"]))
+    assert gemm["args"][4:] == [9 if stride == 1 else 8, 7]
+    for period, valid in ((7, 8), (9, 0)):  # more columns per row than the row has; none
+        bad = copy.deepcopy(program)
+        next(wgemms(bad["steps"]))["args"][4:] = [period, valid]
+        with pytest.raises(ProgramError, match="period"):
+            verify(bad)

@@ -712,7 +712,7 @@ class _ConvWeights:
         per ``key``) matrix derived from these weights: byoc's micro-kernel GEMM on a
         panel-packed copy of ``a`` (made once) for float32, BLAS otherwise."""
         m, k = a.shape
-        if c.dtype == np.float32 and use_own_gemm(m, b.shape[1], k) and prefers_narrow(b.shape[1]):
+        if c.dtype == np.float32 and use_own_gemm(m, b.shape[1], k) and prefers_narrow(b.shape[1], m):
             gemm_narrow_acc(self.narrow(key, a), m, k, b, c, parallel, init, bias)
         elif c.dtype == np.float32 and use_own_gemm(m, b.shape[1], k):
             ap = self._packs.get(key)
@@ -1262,14 +1262,14 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
             _pad_planes(x5, c0, ca, cb, pt, pl, hp, wp, xp)
 
         threads.parallel_for(pad_chunk, len(cblocks))
-        if implicit and prefers_narrow(ncols):
+        if implicit and prefers_narrow(ncols, mg):
             # a few dozen columns (7x7, 14x14 maps): the narrow form, blocks of CW output channels
             apn = pw.narrow(("mat", gi), pw.mat[gi])
 
             def nar_rows(i, apn=apn, gi=gi):
                 q0, q1 = qblocks[i]
                 gemm_narrow_panels(apn, mg, rowoff.shape[0], xflat, rowoff, acc.reshape(-1), ncols, ncols, q0, q1,
-                                   True, zeros)
+                                   True, zeros, wp, ow)  # the crop reads the first ow of each wp
                 _crop_planes(acc, hp, wp, oh, ow, bias, gi * mg, q0 * CW, min(mg, q1 * CW), out)
 
             threads.parallel_for(nar_rows, len(qblocks))

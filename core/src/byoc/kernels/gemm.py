@@ -849,15 +849,41 @@ def _pack_narrow(w, wo, m, k, ld, out):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _gemm_narrow(wt, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, accumulate, bias):
+def _narrow_tiles(j_lo, j_hi, period, valid):
+    """The column tiles of :func:`_gemm_narrow`: (first column, count <= TR) each, over the
+    columns of ``[j_lo, j_hi)`` with ``j % period < valid`` (``period`` 0: all), never across a
+    period (a row of a padded plane): its dropped columns are skipped, not computed."""
     n = j_hi - j_lo
-    nt = (n + TR - 1) // TR
-    s = np.empty(nt * TR * CW, np.float32)
-    # each tile's TR column offsets; a last partial tile repeats its last column (read, never stored)
-    px = np.empty(nt * TR, np.int64)
+    first = np.empty(n, np.int64)
+    count = np.empty(n, np.int64)
+    nt = 0
+    j = j_lo
+    while j < j_hi:
+        end = j_hi
+        if period > 0:
+            row = (j // period) * period
+            if j >= row + valid:
+                j = row + period
+                continue
+            end = min(j_hi, row + valid)
+        cnt = min(TR, end - j)
+        first[nt] = j
+        count[nt] = cnt
+        nt += 1
+        j += cnt
+    return first[:nt], count[:nt]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _gemm_narrow(wt, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, period, valid, accumulate, bias):
+    first, count = _narrow_tiles(j_lo, j_hi, period, valid)
+    nt = first.shape[0]
+    s = np.empty(max(1, nt) * TR * CW, np.float32)
+    # each tile's TR column offsets; a partial tile repeats its last column (read, never stored)
+    px = np.empty(max(1, nt) * TR, np.int64)
     for t in range(nt):
         for r in range(TR):
-            px[t * TR + r] = min(j_lo + t * TR + r, j_hi - 1)
+            px[t * TR + r] = first[t] + min(r, count[t] - 1)
     for iq in range((m + CW - 1) // CW):
         if k == 0:
             s[:] = 0
@@ -867,14 +893,17 @@ def _gemm_narrow(wt, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, accumulate, bias
             for t in range(nt):
                 _ukernel_t(kc, wt, (iq * k + pc) * CW, b, bo, rows, pc, px, t * TR, s, t * TR * CW, pcb == 0)
         for i in range(min(CW, m - iq * CW)):
-            o = co + (iq * CW + i) * ldc + j_lo
+            o = co + (iq * CW + i) * ldc
             bi = bias[iq * CW + i]
-            if accumulate:
-                for j in range(n):
-                    c[o + j] += s[j * CW + i]
-            else:
-                for j in range(n):
-                    c[o + j] = s[j * CW + i] + bi
+            for t in range(nt):
+                base = o + first[t]
+                src = t * TR * CW + i
+                if accumulate:
+                    for r in range(count[t]):
+                        c[base + r] += s[src + r * CW]
+                else:
+                    for r in range(count[t]):
+                        c[base + r] = s[src + r * CW] + bi
 
 
 _ZEROS = np.zeros(0, np.float32)
@@ -891,10 +920,15 @@ def _zeros(n: int) -> np.ndarray:
     return z
 
 
-def prefers_narrow(n: int) -> bool:
-    """Whether a product with ``n`` output columns runs faster in the narrow form
-    (:func:`pack_narrow`, :func:`gemm_narrow`) than with :func:`pack` and :func:`gemm_table`."""
-    return FULL_WIDTH and 0 < n <= NARROW_MAX_COLS
+def prefers_narrow(n: int, m: int = CW) -> bool:
+    """Whether an (M x K) @ (K x N) product runs faster in the narrow form (:func:`pack_narrow`,
+    :func:`gemm_narrow`) than with :func:`pack` and :func:`gemm_table`: at most
+    :data:`NARROW_MAX_COLS` columns, and more of the narrow form's lanes busy (M over CW-row
+    panels, N over TR-column tiles) than of the NR-wide one's (N over NR-column panels)."""
+    if not (FULL_WIDTH and 0 < n <= NARROW_MAX_COLS and m > 0):
+        return False
+    busy_narrow = (m / (-(-m // CW) * CW)) * (n / (-(-n // TR) * TR))
+    return busy_narrow > n / (-(-n // NR) * NR)
 
 
 def pack_narrow(w: np.ndarray, wo: int, m: int, k: int, ld: int) -> np.ndarray:
@@ -911,10 +945,13 @@ def pack_narrow(w: np.ndarray, wo: int, m: int, k: int, ld: int) -> np.ndarray:
 
 
 def gemm_narrow(wt: np.ndarray, m: int, k: int, b: np.ndarray, bo: int, rows: np.ndarray, c: np.ndarray, co: int,
-                ldc: int, j_lo: int, j_hi: int, accumulate: int, bias: np.ndarray | None = None) -> None:
+                ldc: int, j_lo: int, j_hi: int, accumulate: int, bias: np.ndarray | None = None,
+                period: int = 0, valid: int = 0) -> None:
     """:func:`gemm_table` with ``A`` packed by :func:`pack_narrow` (for outputs of a few dozen
-    columns); ``bias`` (M values, float32) is added to an overwritten C. The caller keeps every
-    access in bounds."""
+    columns); ``bias`` (M values, float32) is added to an overwritten C. With ``period`` > 0 only
+    the columns ``j`` with ``j % period < valid`` are computed and written (the others, such as
+    the padding columns of a shifted convolution's accumulator, are left as they are). The
+    caller keeps every access in bounds."""
     if m == 0 or j_hi <= j_lo:
         return
     if bias is None or accumulate:
@@ -922,7 +959,8 @@ def gemm_narrow(wt: np.ndarray, m: int, k: int, b: np.ndarray, bo: int, rows: np
     else:
         bb = np.zeros(-(-m // CW) * CW, np.float32)
         bb[:m] = bias
-    _gemm_narrow(wt, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, accumulate, bb)
+    _gemm_narrow(wt, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, period, valid if period > 0 else 0,
+                 accumulate, bb)
 
 
 def _flat(x: np.ndarray) -> np.ndarray:
@@ -956,12 +994,13 @@ def gemm_narrow_acc(wt: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray
 
 
 def gemm_narrow_panels(wt: np.ndarray, m: int, k: int, b: np.ndarray, rowoff: np.ndarray, c: np.ndarray, ldc: int,
-                       n: int, q0: int, q1: int, init: bool, bias: np.ndarray) -> None:
+                       n: int, q0: int, q1: int, init: bool, bias: np.ndarray, period: int = 0, valid: int = 0) -> None:
     """Rows ``[q0*CW, q1*CW)`` (CW-row panels ``q0`` to ``q1``) of :func:`gemm_narrow_acc`'s product
     on flat buffers, on the calling thread: C's first ``n`` columns, row stride ``ldc``; ``bias``
-    holds at least ``q1*CW`` values (added when ``init``)."""
+    holds at least ``q1*CW`` values (added when ``init``); ``period``, ``valid``: as for
+    :func:`gemm_narrow`."""
     _gemm_narrow(wt[q0 * k * CW:], min(m, q1 * CW) - q0 * CW, k, b, 0, rowoff, c, q0 * CW * ldc, ldc, 0, n,
-                 0 if init else 1, bias[q0 * CW:])
+                 period, valid, 0 if init else 1, bias[q0 * CW:])
 
 
 def use_own_gemm(m: int, n: int, k: int) -> bool:

@@ -129,11 +129,13 @@ class Rows:
 
 
 def wgemm(wt: Weight, b: np.ndarray, bo: int, rows: Rows, c: np.ndarray, co: int, ldc: int, lo: int, hi: int,
-          accumulate: int) -> None:
+          accumulate: int, period: int = 0, valid: int = 0) -> None:
     """Columns ``[lo, hi)`` of ``C (+)= W @ B`` (``accumulate`` 0 overwrites): row ``kk`` of B starts at
-    ``b[bo + rows.table[kk]]``, C at ``c[co:]`` with row stride ``ldc``."""
+    ``b[bo + rows.table[kk]]``, C at ``c[co:]`` with row stride ``ldc``. With ``period`` > 0 only
+    the columns ``j % period < valid`` are needed (a shifted convolution's accumulator, whose
+    padding columns the epilogue drops): the narrow form computes only those."""
     if wt.narrow is not None:
-        gemm.gemm_narrow(wt.narrow, wt.m, wt.k, b, bo, rows.table, c, co, ldc, lo, hi, accumulate)
+        gemm.gemm_narrow(wt.narrow, wt.m, wt.k, b, bo, rows.table, c, co, ldc, lo, hi, accumulate, None, period, valid)
         return
     if wt.packed is not None:
         gemm.gemm_table(wt.packed, wt.m, wt.k, b, bo, rows.table, c, co, ldc, lo, hi, accumulate)

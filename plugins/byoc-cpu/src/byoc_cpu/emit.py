@@ -299,11 +299,12 @@ class Emitter:
             self.lines.append(f"{ind}parallel_for({name}, {len(st['chunks'])})")
             return
         if kind == "wgemm":
-            ldc, lo, hi, acc = (int(v) for v in st["args"])
+            ldc, lo, hi, acc, *rowed = (int(v) for v in st["args"])
             b, c = st["b"], st["c"]
+            tail = "".join(f", {v}" for v in rowed)  # period, valid: the columns the epilogue reads
             self.lines.append(
                 f"{ind}wgemm(w{int(st['w'])}, {self.array(b)}, {self.offset(b)}, R{int(st['rows'])}, "
-                f"{self.array(c)}, {self.offset(c)}, {ldc}, {lo}, {hi}, {acc})")
+                f"{self.array(c)}, {self.offset(c)}, {ldc}, {lo}, {hi}, {acc}{tail})")
             return
         if kind == "gemm":
             m, n, k, lda, ldb, ldc = (int(v) for v in st["args"])

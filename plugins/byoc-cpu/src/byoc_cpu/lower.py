@@ -748,8 +748,10 @@ class Lowering:
 
                 def gemm(g: int, m0: int, m1: int, lo: int, hi: int) -> dict[str, Any]:
                     wi = self.weight(wref.at((g * mg + m0) * kdim), m1 - m0, kdim, kdim)
+                    # shift/phase: the epilogue reads the first ow columns of each row_width
+                    rowed = [row_width, ow] if row_width > ow else []
                     return {"kind": "wgemm", "w": wi, "b": b_group(g), "c": c_ref.at((g * mg + m0) * ldc),
-                            "rows": rows, "args": [ldc, lo, hi, 0]}
+                            "rows": rows, "args": [ldc, lo, hi, 0] + rowed}
 
                 if group > 1:  # whole groups per chunk
                     for g0, g1 in split(group, 2 * gnt if gnt > 1 else 1, 1):

@@ -244,7 +244,7 @@ def _widths(steps: list[Any], out: dict[int, int]) -> None:
     """The widest column range each weight is multiplied into, over ``steps`` and their chunks."""
     for st in steps:
         if st.get("kind") == "wgemm":
-            _, lo, hi, _ = st["args"]
+            lo, hi = st["args"][1:3]
             wi = int(st["w"])
             out[wi] = max(out.get(wi, 0), int(hi) - int(lo))
         for chunk in st.get("chunks", ()):
@@ -263,7 +263,7 @@ def prepare_weights(program: dict[str, Any], consts: list[np.ndarray]) -> list[A
     for i, wt in enumerate(program["weights"]):
         _, index, offset, _ = wt["ref"]
         m, k = int(wt["m"]), int(wt["k"])
-        narrow = i in widths and prefers_narrow(widths[i])
+        narrow = i in widths and prefers_narrow(widths[i], m)
         out.append(Weight(consts[int(index)], int(offset), m, k, int(wt["ld"]), FULL_WIDTH, narrow))
     return out
 

@@ -266,9 +266,13 @@ class _Checker:
         total, reach = self.rows[ri]
         if total != k:
             raise _fail(where, f"the row table has {total} rows, the weight {k} columns")
-        ldc, lo, hi, acc = (_int(v, f"{where}.args") for v in _list(st["args"], f"{where}.args", 4))
+        args = st["args"]
+        n_args = 6 if isinstance(args, list) and len(args) == 6 else 4  # + period, valid (shifted convolutions)
+        ldc, lo, hi, acc, *rowed = (_int(v, f"{where}.args") for v in _list(args, f"{where}.args", n_args))
         if not lo < hi <= ldc or acc > 1:
             raise _fail(f"{where}.args", "bad column range or flag")
+        if rowed and not 1 <= rowed[1] <= rowed[0]:
+            raise _fail(f"{where}.args", "bad column period or count")
         self.ref(st["b"], f"{where}.b", reach + hi, count, False)
         self.ref(st["c"], f"{where}.c", (m - 1) * ldc + hi, count, True)
 
