@@ -505,9 +505,9 @@ def test_shifted_convolution_skips_its_padding_columns(stride):
     program = cpu.regions[0].artifact.metadata["program"]
 
     def wgemms(steps):
-        for st in steps:
-            if st["kind"] == "wgemm":
-                yield st
+        for step in steps:
+            if step["kind"] == "wgemm":
+                yield step
             for chunk in st.get("chunks", ()):
                 yield from wgemms(chunk)
 
