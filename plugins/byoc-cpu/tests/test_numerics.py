@@ -508,7 +508,7 @@ def test_shifted_convolution_skips_its_padding_columns(stride):
         for step in steps:
             if step["kind"] == "wgemm":
                 yield step
-            for chunk in st.get("chunks", ()):
+            for chunk in step.get("chunks", ()):
                 yield from wgemms(chunk)
 
     gemm = next(wgemms(program["steps"]))
