@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -184,6 +186,59 @@ def test_bn_not_folded_when_conv_output_has_another_consumer():
     model, changed = _run_only(proto, ["bn_folding"])
     assert changed == []
     assert sorted(_ops(model)) == ["BatchNormalization", "Conv", "Relu"]
+
+
+_SHAPES = {"channel": (4, 1, 1), "channel4": (1, 4, 1, 1), "scalar": (), "one": (1,), "spatial": (1, 1, 6, 6),
+           "full": (2, 4, 6, 6)}
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["Mul", "Add"]), st.sampled_from(sorted(_SHAPES)), st.booleans()),
+                    min_size=1, max_size=3),
+       with_bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_per_channel_mul_and_add_fold_into_the_conv(ops, with_bias, seed):
+    # BatchNormalization written out as Mul and Add (the model zoo's Inception v2): a per-channel
+    # (or scalar) constant folds into the weights and bias, a spatial one does not; either input order
+    rng = np.random.default_rng(seed)
+    inits = [nh.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "W")]
+    conv_in = ["x", "W"]
+    if with_bias:
+        inits.append(nh.from_array(rng.standard_normal(4).astype(np.float32), "B"))
+        conv_in.append("B")
+    nodes = [h.make_node("Conv", conv_in, ["t0"], name="conv", pads=[1, 1, 1, 1])]
+    foldable = True
+    expected = ["Conv"]
+    for i, (op, shape, swap) in enumerate(ops):
+        inits.append(nh.from_array(rng.uniform(0.5, 2.0, _SHAPES[shape]).astype(np.float32), f"k{i}"))
+        args = [f"k{i}", f"t{i}"] if swap else [f"t{i}", f"k{i}"]
+        nodes.append(h.make_node(op, args, [f"t{i + 1}"], name=f"{op.lower()}{i}"))
+        foldable = foldable and shape in ("channel", "channel4", "scalar", "one")
+        if not foldable:
+            expected.append(op)
+    nodes.append(h.make_node("Identity", [f"t{len(ops)}"], ["y"], name="out"))
+    proto = _model(nodes, [_info("x", [2, 3, 6, 6])], [_info("y", None)], inits)
+    model, _ = _run_only(proto, ["bn_folding"])
+    assert _ops(model) == expected + ["Identity"]
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    folded = byoc.frontend.to_proto(model)
+    np.testing.assert_allclose(run_onnxruntime(folded, {"x": x})[0], run_onnxruntime(proto, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_mul_not_folded_into_a_conv_with_another_consumer_or_variable_weights():
+    rng = np.random.default_rng(5)
+    inits = [nh.from_array(rng.standard_normal((4, 3, 1, 1)).astype(np.float32), "W"),
+             nh.from_array(np.full((4, 1, 1), 2.0, np.float32), "s")]
+    nodes = [h.make_node("Conv", ["x", "W"], ["c"], name="conv"), h.make_node("Mul", ["c", "s"], ["y"], name="mul"),
+             h.make_node("Relu", ["c"], ["z"], name="other")]
+    proto = _model(nodes, [_info("x", [1, 3, 4, 4])], [_info("y", None), _info("z", None)], inits)
+    model, changed = _run_only(proto, ["bn_folding"])
+    assert changed == [] and sorted(_ops(model)) == ["Conv", "Mul", "Relu"]
+    # the weights are a graph input: a feed may change them, so nothing is folded
+    nodes = [h.make_node("Conv", ["x", "Wv"], ["c"], name="conv"), h.make_node("Mul", ["c", "s"], ["y"], name="mul")]
+    proto = _model(nodes, [_info("x", [1, 3, 4, 4]), _info("Wv", [4, 3, 1, 1])], [_info("y", None)], inits[1:])
+    model, changed = _run_only(proto, ["bn_folding"])
+    assert changed == [] and _ops(model) == ["Conv", "Mul"]
 
 
 def test_passes_can_be_switched_off_and_unknown_names_are_refused():

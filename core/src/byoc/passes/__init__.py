@@ -14,7 +14,7 @@ import onnx_ir as ir
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.errors import OptionError
 from byoc.passes.base import PassContext
-from byoc.passes.bn_folding import fold_batchnorm
+from byoc.passes.bn_folding import fold_batchnorm_and_affine
 from byoc.passes.constant_folding import fold_constants
 from byoc.passes.simplify import (
     eliminate_common_subexpressions,
@@ -28,7 +28,7 @@ PASSES = {
     "shape_inference": infer_shapes,
     "constant_folding": fold_constants,
     "identity_removal": remove_identities,
-    "bn_folding": fold_batchnorm,
+    "bn_folding": fold_batchnorm_and_affine,
     "cse": eliminate_common_subexpressions,
     "dead_code": remove_dead_code,
 }

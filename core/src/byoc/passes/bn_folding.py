@@ -4,6 +4,10 @@
 ``s = scale / sqrt(var + eps)`` per output channel; likewise for Gemm along its output
 columns. Folding applies only when all parameters are constants and the Conv/Gemm output feeds
 nothing but the BatchNormalization.
+
+Exporters also write a BatchNormalization out as its two steps, ``Mul`` by a per-channel
+constant then ``Add`` of one (the model zoo's Inception v2 has 69 such pairs): a Conv whose only
+consumer is such a ``Mul`` or ``Add`` takes it into its weights and bias the same way.
 """
 
 from __future__ import annotations
@@ -103,3 +107,77 @@ def fold_batchnorm(model: ir.Model, ctx: PassContext) -> bool:
         graph.remove([bn, node], safe=True)
         changed = True
     return changed
+
+
+def _per_channel(value: ir.Value | None, m: int, rank: int) -> np.ndarray | None:
+    """``value`` as ``m`` float64 factors when it is a float32 constant that broadcasts against a
+    rank-``rank`` (N, M, ...) tensor along the channel axis only (shapes (M, 1, 1), (1, M, 1, 1),
+    (1,), scalars), else None."""
+    a = const_array(value)
+    if a is None or a.dtype != np.float32 or a.ndim > rank:
+        return None
+    shape = (1,) * (rank - a.ndim) + a.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, m):
+        return None
+    return np.broadcast_to(a.astype(np.float64).reshape(-1), (m,))
+
+
+def _affine_consumer(node: ir.Node) -> tuple[ir.Node, int] | None:
+    """The Mul or Add that alone consumes ``node``'s output, and which of its inputs that is."""
+    out = node.outputs[0]
+    uses = out.uses()
+    if out.is_graph_output() or len(uses) != 1:
+        return None
+    consumer, idx = uses[0].node, uses[0].idx
+    if consumer.op_type not in ("Mul", "Add") or consumer.domain not in ("", "ai.onnx") or len(consumer.inputs) != 2:
+        return None
+    if consumer.inputs[0] is consumer.inputs[1]:
+        return None
+    return consumer, idx
+
+
+def fold_affine(model: ir.Model, ctx: PassContext) -> bool:
+    """Fold a per-channel constant ``Mul`` or ``Add`` into the Conv (constant float32 weights)
+    that alone feeds it, repeatedly (``Conv -> Mul -> Add`` becomes one Conv)."""
+    graph = model.graph
+    changed = False
+    progress = True
+    while progress:
+        progress = False
+        for node in list(graph):
+            if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or node.graph is None:
+                continue
+            w = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+            if w is None or w.dtype != np.float32 or w.ndim < 3:
+                continue
+            found = _affine_consumer(node)
+            if found is None:
+                continue
+            op, idx = found
+            m = w.shape[0]
+            factors = _per_channel(op.inputs[1 - idx], m, w.ndim)  # the output has the weight's rank
+            if factors is None:
+                continue
+            if op.op_type == "Mul":
+                folded = _fold_conv(node, op, factors, np.zeros(m))
+            else:
+                folded = _fold_conv(node, op, np.ones(m), factors)
+            if folded is None:
+                continue
+            weight = add_initializer(graph, f"{node.inputs[1].name}_folded", folded[0]) if op.op_type == "Mul" \
+                else node.inputs[1]
+            bias = add_initializer(graph, f"{op.outputs[0].name}_bias_folded", folded[1])
+            new = ir.Node(node.domain, node.op_type, [node.inputs[0], weight, bias],
+                          attributes=list(node.attributes.values()), name=node.name)
+            graph.insert_after(op, new)
+            replace_value(op.outputs[0], new.outputs[0])
+            graph.remove([op, node], safe=True)
+            changed = progress = True
+    return changed
+
+
+def fold_batchnorm_and_affine(model: ir.Model, ctx: PassContext) -> bool:
+    """The ``bn_folding`` pass: BatchNormalization nodes, then their Mul/Add form."""
+    a = fold_batchnorm(model, ctx)
+    b = fold_affine(model, ctx)
+    return a or b

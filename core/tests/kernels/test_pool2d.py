@@ -1,4 +1,5 @@
-"""byoc-cpu's 2-D pooling kernels: the row-buffer kernels equal the direct ones on any geometry
+"""The 2-D pooling kernels on flat float32 buffers (``byoc.kernels.pool``: the host's float32
+MaxPool/AveragePool and byoc-cpu's generated code): the row-buffer kernels equal the direct ones on any geometry
 (including NaN and infinities), and hostile strides/pads take the direct kernels, which size no
 buffer from the attributes."""
 
@@ -8,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from byoc_cpu import kernels as K
+from byoc.kernels import pool as K
 
 
 def _out(n, k, s, d, p0, p1):
