@@ -105,8 +105,11 @@ def _conv() -> onnx.ModelProto:
     # the convolution picks its loops by channels and plane size too (Winograd, shifted and
     # phase-plane GEMMs from 16 channels; column blocks from 256 output columns per thread,
     # which 64x64 outputs give 16 threads): ResNet-like layers on a large and a small plane
-    b.more_inputs = {"x_large": [1, 32, 128, 128], "x_small": [1, 32, 16, 16]}
-    for x in b.more_inputs:
+    b.more_inputs = {"x_large": [1, 32, 128, 128], "x_small": [1, 32, 16, 16], "x_deep": [1, 32, 7, 7]}
+    # a 7x7 map into 32 channels: the narrow GEMM form (pointwise, and shifted with its padding columns)
+    for kw in (dict(c_out=32, k=1), dict(c_out=32, k=3, pad=1)):
+        b.conv("x_deep", 32, **kw)
+    for x in ("x_large", "x_small"):
         for kw in (dict(c_out=16, k=7, stride=2, pad=3), dict(c_out=16, k=3, stride=2, pad=1),
                    dict(c_out=16, k=3, pad=1), dict(c_out=16, k=5, pad=2), dict(c_out=16, k=1, stride=2, bias=False),
                    dict(c_out=16, k=1)):

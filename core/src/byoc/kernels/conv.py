@@ -1253,7 +1253,8 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
         mp = -(-mg // MR)
         pblocks = split(mp, nt)
         qblocks = split(-(-mg // CW), nt)  # the narrow form's blocks of CW output channels
-        zeros = np.zeros(qblocks[-1][1] * CW, np.float32)
+        zeros = read_only_view(np.zeros(qblocks[-1][1] * CW, np.float32))
+        xflat_ro = read_only_view(xflat)  # the narrow form reads its input read-only, as the pointwise path
     for gi in range(pw.group):
         c0 = gi * cg
 
@@ -1268,7 +1269,7 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
 
             def nar_rows(i, apn=apn, gi=gi):
                 q0, q1 = qblocks[i]
-                gemm_narrow_panels(apn, mg, rowoff.shape[0], xflat, rowoff, acc.reshape(-1), ncols, ncols, q0, q1,
+                gemm_narrow_panels(apn, mg, rowoff.shape[0], xflat_ro, rowoff, acc.reshape(-1), ncols, ncols, q0, q1,
                                    True, zeros, wp, ow)  # the crop reads the first ow of each wp
                 _crop_planes(acc, hp, wp, oh, ow, bias, gi * mg, q0 * CW, min(mg, q1 * CW), out)
 

@@ -907,6 +907,7 @@ def _gemm_narrow(wt, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, period, valid, a
 
 
 _ZEROS = np.zeros(0, np.float32)
+_ZEROS.flags.writeable = False
 
 
 def _zeros(n: int) -> np.ndarray:
@@ -959,6 +960,7 @@ def gemm_narrow(wt: np.ndarray, m: int, k: int, b: np.ndarray, bo: int, rows: np
     else:
         bb = np.zeros(-(-m // CW) * CW, np.float32)
         bb[:m] = bias
+        bb.flags.writeable = False  # one compiled specialisation: the bias is always read-only
     _gemm_narrow(wt, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, period, valid if period > 0 else 0,
                  accumulate, bb)
 
@@ -980,6 +982,9 @@ def gemm_narrow_acc(wt: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray
     if m == 0 or n == 0:
         return
     bflat = b.reshape(-1) if rowoff is not None else _flat(b)
+    if bflat.flags.writeable:  # read-only always: one compiled specialisation
+        bflat = bflat.view()
+        bflat.flags.writeable = False
     if rowoff is None:
         rowoff = np.arange(k, dtype=np.int64) * (b.strides[0] // 4)
     cflat, ldc = _flat(c), c.strides[0] // 4
@@ -987,6 +992,7 @@ def gemm_narrow_acc(wt: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray
     bb = np.zeros(mq * CW, np.float32)
     if bias is not None and init:
         bb[:m] = bias
+    bb.flags.writeable = False  # as gemm_narrow's (one compiled specialisation)
     nt = threads.num_threads() if parallel and m * n * k >= _PARALLEL_MIN_MACS else 1
     blocks = split(mq, nt)
     threads.parallel_for(lambda i: gemm_narrow_panels(wt, m, k, bflat, rowoff, cflat, ldc, n, *blocks[i], init, bb),
