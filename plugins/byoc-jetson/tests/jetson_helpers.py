@@ -90,9 +90,10 @@ def host_run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np
     return fn(*(feeds[name] for name in fn.input_names))
 
 
-def compile_jetson(registry, model, runtime: str = "emulation", **options) -> byoc.CompiledModel:
-    """``byoc.compile`` for jetson; the CPU emulation unless the test names ``runtime`` (see above)."""
-    return byoc.compile(model, targets=["jetson"], registry=registry,
+def compile_jetson(registry, model, runtime: str = "emulation", passes=None, **options) -> byoc.CompiledModel:
+    """``byoc.compile`` for jetson; the CPU emulation unless the test names ``runtime`` (see above);
+    ``passes``: the shared passes to run (default: all)."""
+    return byoc.compile(model, targets=["jetson"], registry=registry, passes=passes,
                         target_options={"jetson": {"runtime": runtime, **options}})
 
 
