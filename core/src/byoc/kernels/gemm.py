@@ -941,6 +941,9 @@ def pack_narrow(w: np.ndarray, wo: int, m: int, k: int, ld: int) -> np.ndarray:
                          f"in {w.shape[0]} elements")
     out = np.zeros(max(1, -(-m // CW) * k) * CW, np.float32)
     if m > 0 and k > 0:
+        if w.flags.writeable:  # read-only always: one compiled specialisation (constant or folded weights)
+            w = w.view()
+            w.flags.writeable = False
         _pack_narrow(w, wo, m, k, ld, out)
     return out
 

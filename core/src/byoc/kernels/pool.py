@@ -20,7 +20,7 @@ import numpy as np
 
 from byoc.kernels import threads
 from byoc.kernels.conv import _valid_range as _tap_range  # outputs whose tap lies inside the input
-from byoc.kernels.conv import auto_pad_mode, canon5, int_list, pad3, valid_range, window_geometry
+from byoc.kernels.conv import auto_pad_mode, canon5, int_list, pad3, read_only_view, valid_range, window_geometry
 from byoc.kernels.gemm import compute_dtype, split
 from byoc.kernels.registry import NodeSpec, kernel
 
@@ -295,7 +295,7 @@ def _flat2d(x5: np.ndarray, out: np.ndarray, k3, s3, d3, g: dict, is_max: bool, 
     _, dh, dw = d3
     _, pt, pl = g["pb"]
     _, pb, pr = g["pe"]
-    xf, yf = x5.reshape(-1), out.reshape(-1)
+    xf, yf = read_only_view(x5.reshape(-1)), out.reshape(-1)  # read-only always: one compiled specialisation
     # ~64K window taps per chunk at least: a hand-off to the pool costs tens of microseconds
     blocks = split(planes, min(2 * threads.num_threads(), max(1, planes * oh * ow * kh * kw // (1 << 16))))
 
