@@ -977,19 +977,17 @@ def _flat(x: np.ndarray) -> np.ndarray:
 
 
 def gemm_narrow_acc(wt: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray, parallel: bool = True,
-                    init: bool = False, bias: np.ndarray | None = None, rowoff: np.ndarray | None = None) -> None:
-    """:func:`gemm_acc` with ``A`` packed by :func:`pack_narrow`: ``c (+)= A @ B`` where ``B`` is
-    the (K, N) view ``b`` (or, given ``rowoff``, row ``kk`` of B at ``b.ravel()[rowoff[kk]:]``),
-    split over the pool by CW-row panels."""
+                    init: bool = False, bias: np.ndarray | None = None) -> None:
+    """:func:`gemm_acc` with ``A`` packed by :func:`pack_narrow`: ``c (+)= A @ b`` for 2-D float32
+    views ``b`` (K, N) and ``c`` (M, N) with unit column stride, split over the pool by CW-row panels."""
     n = c.shape[1]
     if m == 0 or n == 0:
         return
-    bflat = b.reshape(-1) if rowoff is not None else _flat(b)
+    bflat = _flat(b)
     if bflat.flags.writeable:  # read-only always: one compiled specialisation
         bflat = bflat.view()
         bflat.flags.writeable = False
-    if rowoff is None:
-        rowoff = np.arange(k, dtype=np.int64) * (b.strides[0] // 4)
+    rowoff = np.arange(k, dtype=np.int64) * (b.strides[0] // 4)
     cflat, ldc = _flat(c), c.strides[0] // 4
     mq = -(-m // CW)
     bb = np.zeros(mq * CW, np.float32)
