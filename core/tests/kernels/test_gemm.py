@@ -221,32 +221,47 @@ def test_implicit_gemm_property(m, k, n, init, seed):
     np.testing.assert_array_equal(c[:, :lo], before[:, :lo])
 
 
-@SETTINGS
-@given(m=st.integers(1, 30), k=st.integers(1, 300), n=st.integers(1, 100), accumulate=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_flat_table_gemm_property(m, k, n, accumulate, seed):
-    # the plugin-facing form: A packed from a block of a flat buffer (row stride > k), B found
-    # through a row table plus a base offset, C a block of a flat buffer with row stride ldc
-    rng = np.random.default_rng(seed)
+def _flat_operands(rng, m: int, k: int, n: int):
+    """The plugin-facing operands: A (M, K) as a block of a flat buffer (row stride ``ld`` >= K,
+    offset ``wo``), B found through a row table ``rows`` plus a base offset ``bo``, C a block of a
+    flat buffer (offset ``co``, row stride ``ldc``), and a first column ``lo``."""
     ld, wo = k + int(rng.integers(0, 5)), int(rng.integers(0, 9))
-    w = rng.standard_normal(wo + m * ld).astype(np.float32)
+    w = rng.standard_normal(wo + m * ld + 1).astype(np.float32)
     a = w[wo:wo + m * ld].reshape(m, ld)[:, :k]
     b = rng.standard_normal(k * 7 + n + 64).astype(np.float32)
     bo = int(rng.integers(0, 32))
     rows = rng.integers(0, k * 7 + 32, size=k).astype(np.int64)
     ldc, co = n + int(rng.integers(0, 5)), int(rng.integers(0, 9))
     c = rng.standard_normal(co + m * ldc + 3).astype(np.float32)
-    before = c.copy()
     lo = int(rng.integers(0, max(1, n // 2)))
-    G.gemm_table(G.pack(w, wo, m, k, ld), m, k, b, bo, rows, c, co, ldc, lo, n, int(accumulate))
-    full_b = np.stack([b[bo + o:bo + o + n] for o in rows]).astype(np.float64)
+    return w, wo, ld, a, b, bo, rows, c, co, ldc, lo
+
+
+def _check_flat(c, before, a, b, bo, rows, co, ldc, n, cols, base, atol):
+    """``C[:, cols] = base + A @ B`` (``base``: "accumulate" for C's old values, else an array or
+    0) on the block at ``c[co:]``, and every other element of ``c`` as it was."""
+    m = a.shape[0]
+    full_b = np.stack([b[bo + o:bo + o + n] for o in rows]).astype(np.float64) if len(rows) else np.zeros((0, n))
     cm = before[co:co + m * ldc].reshape(m, ldc)[:, :n].astype(np.float64)
-    expected = (cm if accumulate else 0.0) + a.astype(np.float64) @ full_b
+    expected = (cm if isinstance(base, str) else base) + a.astype(np.float64) @ full_b
     got = c[co:co + m * ldc].reshape(m, ldc)
-    np.testing.assert_allclose(got[:, lo:n], expected[:, lo:], rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    np.testing.assert_allclose(got[:, cols], expected[:, cols], rtol=1e-4, atol=atol)
     untouched = np.ones(c.shape, bool)
-    untouched[co:co + m * ldc].reshape(m, ldc)[:, lo:n] = False
+    untouched[co:co + m * ldc].reshape(m, ldc)[:, cols] = False
     np.testing.assert_array_equal(c[untouched], before[untouched])
+
+
+@SETTINGS
+@given(m=st.integers(1, 30), k=st.integers(1, 300), n=st.integers(1, 100), accumulate=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_flat_table_gemm_property(m, k, n, accumulate, seed):
+    # the plugin-facing form: A packed from a block of a flat buffer (row stride > k), B found
+    # through a row table plus a base offset, C a block of a flat buffer with row stride ldc
+    w, wo, ld, a, b, bo, rows, c, co, ldc, lo = _flat_operands(np.random.default_rng(seed), m, k, n)
+    before = c.copy()
+    G.gemm_table(G.pack(w, wo, m, k, ld), m, k, b, bo, rows, c, co, ldc, lo, n, int(accumulate))
+    _check_flat(c, before, a, b, bo, rows, co, ldc, n, np.arange(lo, n), "accumulate" if accumulate else 0.0,
+                1e-4 * np.sqrt(k))
 
 
 def test_pack_rejects_out_of_bounds():
@@ -268,31 +283,16 @@ def test_narrow_gemm_property(m, k, n, accumulate, with_bias, rowed, seed):
     rng = np.random.default_rng(seed)
     period = int(rng.integers(1, 12)) if rowed else 0
     valid = int(rng.integers(1, period + 1)) if rowed else 0
-    ld, wo = k + int(rng.integers(0, 5)), int(rng.integers(0, 9))
-    w = rng.standard_normal(wo + m * ld + 1).astype(np.float32)
-    a = w[wo:wo + m * ld].reshape(m, ld)[:, :k]
-    b = rng.standard_normal(k * 7 + n + 64).astype(np.float32)
-    bo = int(rng.integers(0, 32))
-    rows = rng.integers(0, k * 7 + 32, size=k).astype(np.int64)
-    ldc, co = n + int(rng.integers(0, 5)), int(rng.integers(0, 9))
-    c = rng.standard_normal(co + m * ldc + 3).astype(np.float32)
+    w, wo, ld, a, b, bo, rows, c, co, ldc, lo = _flat_operands(rng, m, k, n)
     before = c.copy()
-    lo = int(rng.integers(0, max(1, n // 2)))
     bias = rng.standard_normal(m).astype(np.float32) if with_bias else None
     G.gemm_narrow(G.pack_narrow(w, wo, m, k, ld), m, k, b, bo, rows, c, co, ldc, lo, n, int(accumulate), bias,
                   period, valid)
-    full_b = np.stack([b[bo + o:bo + o + n] for o in rows]).astype(np.float64) if k else np.zeros((0, n))
-    cm = before[co:co + m * ldc].reshape(m, ldc)[:, :n].astype(np.float64)
-    base = cm if accumulate else (0.0 if bias is None else bias[:, None].astype(np.float64))
-    expected = base + a.astype(np.float64) @ full_b
-    got = c[co:co + m * ldc].reshape(m, ldc)
     cols = np.arange(lo, n)
     if period:
         cols = cols[cols % period < valid]
-    np.testing.assert_allclose(got[:, cols], expected[:, cols], rtol=1e-4, atol=1e-4 * np.sqrt(k + 1))
-    untouched = np.ones(c.shape, bool)
-    untouched[co:co + m * ldc].reshape(m, ldc)[:, cols] = False
-    np.testing.assert_array_equal(c[untouched], before[untouched])
+    base = "accumulate" if accumulate else (0.0 if bias is None else bias[:, None].astype(np.float64))
+    _check_flat(c, before, a, b, bo, rows, co, ldc, n, cols, base, 1e-4 * np.sqrt(k + 1))
 
 
 @SETTINGS

@@ -712,9 +712,10 @@ class _ConvWeights:
         per ``key``) matrix derived from these weights: byoc's micro-kernel GEMM on a
         panel-packed copy of ``a`` (made once) for float32, BLAS otherwise."""
         m, k = a.shape
-        if c.dtype == np.float32 and use_own_gemm(m, b.shape[1], k) and prefers_narrow(b.shape[1], m):
-            gemm_narrow_acc(self.narrow(key, a), m, k, b, c, parallel, init, bias)
-        elif c.dtype == np.float32 and use_own_gemm(m, b.shape[1], k):
+        if c.dtype == np.float32 and use_own_gemm(m, b.shape[1], k):
+            if prefers_narrow(b.shape[1], m):
+                gemm_narrow_acc(self.narrow(key, a), m, k, b, c, parallel, init, bias)
+                return
             ap = self._packs.get(key)
             if ap is None:
                 ap = self._packs[key] = pack_a(a)
@@ -1252,6 +1253,8 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
         xflat = xp.reshape(-1)
         mp = -(-mg // MR)
         pblocks = split(mp, nt)
+    narrow = implicit and prefers_narrow(ncols, mg)
+    if narrow:
         qblocks = split(-(-mg // CW), nt)  # the narrow form's blocks of CW output channels
         zeros = read_only_view(np.zeros(qblocks[-1][1] * CW, np.float32))
         xflat_ro = read_only_view(xflat)  # the narrow form reads its input read-only, as the pointwise path
@@ -1263,7 +1266,7 @@ def _shift(x5, pw: _ConvWeights, g, bias, out):
             _pad_planes(x5, c0, ca, cb, pt, pl, hp, wp, xp)
 
         threads.parallel_for(pad_chunk, len(cblocks))
-        if implicit and prefers_narrow(ncols, mg):
+        if narrow:
             # a few dozen columns (7x7, 14x14 maps): the narrow form, blocks of CW output channels
             apn = pw.narrow(("mat", gi), pw.mat[gi])
 
