@@ -54,3 +54,41 @@ def spin(word, idx, seen, polls, sidx, svalue):
         if _load_acquire(word, idx) != seen:
             return True
     return False
+
+
+# -------------------------------------------------------------------------------------------------
+# work units shared by the threads that run one compiled region (byoc_cpu's native driver):
+# ``sync`` holds two counters per unit, claimed chunks at ``2*u`` and finished ones at ``2*u + 1``
+
+
+@intrinsic
+def _fetch_add(typingctx, arr, idx, value):
+    sig = types.int64(arr, types.intp, types.int64)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.atomic_rmw("add", builder.gep(a.data, [args[1]]), args[2], "seq_cst")
+
+    return sig, codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def claim(sync, unit):
+    """The next chunk of work unit ``unit`` for the calling thread (a number at or past the unit's
+    chunk count: none is left)."""
+    return _fetch_add(sync, 2 * unit, 1)
+
+
+@numba.njit(nogil=True, cache=True)
+def finish(sync, unit):
+    """Mark one chunk of ``unit`` done (its writes become visible to whoever sees the count)."""
+    _fetch_add(sync, 2 * unit + 1, 1)
+
+
+@numba.njit(nogil=True, cache=True)
+def wait_done(sync, unit, chunks):
+    """Wait until all ``chunks`` chunks of ``unit`` are done. Only chunks another thread claimed
+    can be outstanding here (the caller ran out of unclaimed ones), so this never waits for work
+    nobody runs."""
+    while _load_acquire(sync, 2 * unit + 1) < chunks:
+        pass

@@ -1457,29 +1457,87 @@ valid_range = _valid_range
 _NO_BIAS = np.zeros(1, np.float32)
 
 
-def _planes(buf: np.ndarray, off: int, c: int, h: int, w: int) -> np.ndarray:
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _planes(buf, off, c, h, w):
     return buf[off:off + c * h * w].reshape(1, c, 1, h, w)
 
 
-def pad_planes(x, xo, c, h, w, xp, po, ldp, hp, wp, pt, pl) -> None:
+# The flat entry points below are compiled (``nogil``), so that a compiled driver (byoc-cpu's
+# native regions) calls them with no Python in between; they are called from Python as well.
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def pad_planes(x, xo, c, h, w, xp, po, ldp, hp, wp, pt, pl):
     """Zero-padded copy of ``c`` planes ``(h, w)`` at ``x[xo:]``: plane ``i`` becomes row ``i`` of
     ``xp[po:]`` (row length ``ldp >= hp*wp``), laid out ``(hp, wp)`` with the input at
     ``(pt, pl)``; every other element of the row is zero."""
-    _pad_planes(_planes(x, xo, c, h, w), 0, 0, c, pt, pl, hp, wp, xp[po:po + c * ldp].reshape(c, ldp))
+    q_lo = min(wp, max(0, pl))
+    q_hi = max(q_lo, min(wp, pl + w))
+    for ci in range(c):
+        d = po + ci * ldp
+        s = xo + ci * h * w
+        for r in range(hp):
+            i = r - pt
+            row = d + r * wp
+            if i < 0 or i >= h:
+                for q in range(wp):
+                    xp[_U(row + q)] = 0
+                continue
+            src = s + i * w - pl
+            for q in range(q_lo):
+                xp[_U(row + q)] = 0
+            for q in range(q_lo, q_hi):
+                xp[_U(row + q)] = x[_U(src + q)]
+            for q in range(q_hi, wp):
+                xp[_U(row + q)] = 0
+        for f in range(hp * wp, ldp):
+            xp[_U(d + f)] = 0
 
 
-def phase_planes(x, xo, c, h, w, xp, po, ldq, sh, sw, pt, pl, hq, wq) -> None:
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _phase_cols(off, sw, w, wq):
+    """The output columns ``q < wq`` whose input column ``q*sw + off`` lies in ``[0, w)``."""
+    lo = (-off + sw - 1) // sw if off < 0 else 0
+    hi = min(wq, (w - 1 - off) // sw + 1) if w - 1 - off >= 0 else 0
+    return min(lo, wq), max(min(lo, wq), hi)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def phase_planes(x, xo, c, h, w, xp, po, ldq, sh, sw, pt, pl, hq, wq):
     """The stride phases of ``c`` zero-padded planes ``(h, w)`` at ``x[xo:]``: plane ``i`` becomes
     row ``i`` of ``xp[po:]`` (row length ``ldq >= sh*sw*hq*wq``), phase ``(py, px)`` at
     ``(py*sw + px)*hq*wq`` holding ``xpad[r*sh + py, q*sw + px]`` for ``r < hq, q < wq`` (padding
     ``pt``/``pl`` before the input); every other element of the row is zero. A strided
     convolution's tap then reads one phase plane at a fixed offset (an implicit GEMM)."""
-    if c <= 0:
-        return
-    _phase_planes(_planes(x, xo, c, h, w), 0, 0, 0, c, sh, sw, pt, pl, hq, wq, xp[po:po + c * ldq].reshape(c, ldq))
+    plane = hq * wq
+    for ci in range(c):
+        d = po + ci * ldq
+        s = xo + ci * h * w
+        for py in range(sh):
+            for px in range(sw):
+                off = px - pl
+                lo, hi = _phase_cols(off, sw, w, wq)
+                base = d + (py * sw + px) * plane
+                for r in range(hq):
+                    i = r * sh + py - pt
+                    row = base + r * wq
+                    if i < 0 or i >= h:
+                        for q in range(wq):
+                            xp[_U(row + q)] = 0
+                        continue
+                    src = s + i * w + off
+                    for q in range(lo):
+                        xp[_U(row + q)] = 0
+                    for q in range(lo, hi):
+                        xp[_U(row + q)] = x[_U(src + q * sw)]
+                    for q in range(hi, wq):
+                        xp[_U(row + q)] = 0
+        for f in range(sh * sw * plane, ldq):
+            xp[_U(d + f)] = 0
 
 
-def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co) -> None:
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co):
     """Patch matrix of output rows ``[r0, r1)``: ``col[co:]`` is ``(c*kh*kw, (r1-r0)*ow)``, row
     ``(ci*kh + ki)*kw + kj``."""
     if c * h * w > x.shape[0] - xo or c * kh * kw * (r1 - r0) * ow > col.shape[0] - co:
@@ -1487,9 +1545,15 @@ def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co) 
     _im2col2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co)
 
 
-def subsample(x, xo, c, h, w, sh, sw, oh, ow, y, yo) -> None:
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def subsample(x, xo, c, h, w, sh, sw, oh, ow, y, yo):
     """``y[ci, i, j] = x[ci, i*sh, j*sw]`` (a 1x1 convolution's strides)."""
-    _subsample(_planes(x, xo, c, h, w), 1, sh, sw, 1, oh, ow, _planes(y, yo, c, oh, ow))
+    for ci in range(c):
+        for i in range(oh):
+            src = xo + (ci * h + i * sh) * w
+            dst = yo + (ci * oh + i) * ow
+            for j in range(ow):
+                y[_U(dst + j)] = x[_U(src + j * sw)]
 
 
 def winograd_weights(w: np.ndarray, mt: int, group: int = 1) -> np.ndarray:
@@ -1545,7 +1609,8 @@ def winograd(x, xo, c, h, w, u, m, pt, pl, oh, ow, mt, y, yo) -> None:
     _wino_run(_planes(x, xo, c, h, w), u, 1, c, m, mt, pt, pl, gemm, zero_bias, _planes(y, yo, m, oh, ow))
 
 
-def direct2d_fits(h, w, kh, kw, sh, sw, dh, dw, oh, ow) -> bool:
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def direct2d_fits(h, w, kh, kw, sh, sw, dh, dw, oh, ow):
     """Whether the flat direct kernel's stride-phase planes stay within a few times the input
     and output planes (hostile pads, strides or dilations can make them arbitrarily large; the
     loop nest then runs instead, which allocates nothing)."""
@@ -1554,7 +1619,8 @@ def direct2d_fits(h, w, kh, kw, sh, sw, dh, dw, oh, ow) -> bool:
     return sh * sw * hq * wq <= 4 * (h * w + oh * ow) + 4096
 
 
-def conv_direct(x, xo, c, h, w, wt, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, y, yo) -> None:
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def conv_direct(x, xo, c, h, w, wt, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, y, yo):
     """Output channels ``[m0, m1)`` of a grouped convolution (``cg`` input channels per group) of
     one image, as a loop nest (depthwise and other thin groups); ``wt`` holds the weights
     ``(m, cg, kh, kw)`` from element 0; no bias."""

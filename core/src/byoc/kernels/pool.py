@@ -562,18 +562,21 @@ def _pool_same3(x, xo, c, h, w, is_max, hp_end, wp_end, include_pad, y, yo):
                     y[U(o + r + w - 1)] = (v[U(r + w - 2)] + v[U(r + w - 1)]) / div[U(r + w - 1)]
 
 
-def _same3(h, w, kh, kw, sh, sw, pt, pl, oh, ow) -> bool:
+@_jit
+def _same3(h, w, kh, kw, sh, sw, pt, pl, oh, ow):
     return kh == 3 and kw == 3 and sh == 1 and sw == 1 and pt == 1 and pl == 1 and oh == h and ow == w
 
 
-def _sparse(w: int, ow: int, kw: int, span: int) -> bool:
+@_jit
+def _sparse(w, ow, kw, span):
     """Whether a row buffer spanning every window of an output row (``span`` elements) would be
     much larger than the input and output rows: hostile strides, pads or dilations must not size
     a work buffer (or a loop over it) from attributes alone."""
     return span > 4 * (w + ow * kw) + 4096
 
 
-def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo) -> None:
+@_jit
+def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
     """Max pooling of ``c`` planes ``(h, w)`` at ``x[xo:]`` into ``y[yo:]`` (``(oh, ow)`` each):
     a NaN never replaces the running maximum and padding never wins."""
     if dh == 1 and dw == 1 and _same3(h, w, kh, kw, sh, sw, pt, pl, oh, ow):
@@ -584,7 +587,8 @@ def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo) -> 
         _maxpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo)
 
 
-def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo) -> None:
+@_jit
+def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo):
     """Average pooling (``include_pad``: padding cells up to ``hp_end x wp_end`` count)."""
     if _same3(h, w, kh, kw, sh, sw, pt, pl, oh, ow):
         _pool_same3(x, xo, c, h, w, False, hp_end, wp_end, include_pad, y, yo)

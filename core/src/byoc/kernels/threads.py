@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["blas_gemms", "blas_info", "configure", "gemm_for", "gemm_split", "num_threads", "openblas",
-           "openblas_symbol", "parallel_for", "scratch", "set_blas_threads"]
+           "openblas_symbol", "parallel_for", "run_spmd", "scratch", "set_blas_threads"]
 
 _lock = threading.RLock()
 _configured = False
@@ -401,6 +401,20 @@ def parallel_for(fn, n: int) -> None:
             fn(i)
     else:
         _pool.run(fn, n)
+
+
+def run_spmd(fn, args: tuple) -> None:
+    """Call ``fn(*args)`` on the calling thread and on every helper of the pool at once (one
+    hand-off for the whole call): ``fn`` is a compiled ``nogil`` function whose threads share its
+    work among themselves (byoc-cpu's native regions claim chunks through atomic counters, see
+    :func:`byoc.kernels._spin.claim`), so each call must be safe to run on any number of threads,
+    one included, and return once all of the work is done. A helper that starts late finds the
+    work done and returns at once; a busy pool leaves it all to the calling thread."""
+    configure()
+    if _pool is None:
+        fn(*args)
+    else:
+        _pool.run(lambda i: fn(*args), _pool.size)
 
 
 def configure() -> dict[str, Any]:
