@@ -13,10 +13,12 @@ import ctypes
 import threading
 import weakref
 
+import numba
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from byoc.kernels import gemm, threads
+from byoc.kernels.gemm import CW, _gemm_narrow, _gemm_table
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
@@ -148,4 +150,19 @@ def wgemm(wt: Weight, b: np.ndarray, bo: int, rows: Rows, c: np.ndarray, co: int
         k0 += count
 
 
-__all__ = ["HAVE_CBLAS", "Rows", "Weight", "sgemm", "wgemm"]
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def wgemm_packed(narrow, wp, m, k, b, bo, rows, c, co, ldc, lo, hi, accumulate, period, valid):
+    """:func:`wgemm` inside compiled code (a native region, :mod:`byoc_cpu.emit`): ``wp`` is the
+    weight packed by :func:`byoc.kernels.gemm.pack` or, with ``narrow``, by
+    :func:`~byoc.kernels.gemm.pack_narrow`; ``rows`` is the row table."""
+    if m == 0 or hi <= lo:
+        return
+    if narrow:
+        zero_bias = np.zeros(-(-m // CW) * CW, np.float32)
+        _gemm_narrow(wp, m, k, b, bo, rows, c, co, ldc, lo, hi, period, valid if period > 0 else 0, accumulate,
+                     zero_bias)
+    else:
+        _gemm_table(wp, m, k, b, bo, rows, c, co, ldc, lo, hi, accumulate)
+
+
+__all__ = ["HAVE_CBLAS", "Rows", "Weight", "sgemm", "wgemm", "wgemm_packed"]

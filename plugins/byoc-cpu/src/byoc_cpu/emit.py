@@ -7,8 +7,15 @@ The source has three parts:
   chain): the text of an ``@numba.njit`` function with an explicit signature and ``cache=True``,
   in a canonical form (extents, strides and float constants are arguments), so the same loop in
   any region or model is one shared file and one compiled function (:mod:`byoc_cpu.loops`);
-* ``run(arena, consts, *inputs)``: the driver, straight-line calls in execution order: SGEMMs,
-  fixed kernels from :mod:`byoc_cpu.kernels`, and the fused loops.
+* ``run(arena, consts, weights, *inputs)``: the driver, straight-line calls in execution order:
+  SGEMMs, fixed kernels from :mod:`byoc_cpu.kernels`, and the fused loops; each ``par`` step is
+  one hand-off to the thread pool;
+* where some step can run in compiled code (:func:`native_program`), ``nativeN`` functions and
+  ``run_native``: the same calls, but each run of compilable steps is one ``@numba.njit(nogil)``
+  function that every pool thread enters once (one hand-off per run of steps instead of one per
+  ``par`` step, and no Python between the steps); their integer arguments come from the table
+  ``I``. The runtime picks ``run`` or ``run_native`` (the ``native`` option); both compute the
+  same bits.
 
 Every identifier in the source is made here from indices; every number goes through ``int()``
 or ``float.hex()``. Names from the model appear only in comments, reduced to a safe alphabet.
@@ -88,9 +95,10 @@ import math
 import numba
 import numpy as np
 
-from byoc.kernels.threads import parallel_for
+from byoc.kernels._spin import claim, finish, wait_done
+from byoc.kernels.threads import parallel_for, run_spmd
 from byoc_cpu import kernels as K
-from byoc_cpu.blas import Rows, sgemm, wgemm
+from byoc_cpu.blas import Rows, sgemm, wgemm, wgemm_packed
 from byoc_cpu.loops import shared_loop
 
 # indices are unsigned: Numba then skips its negative-index wraparound, which keeps LLVM
@@ -269,7 +277,61 @@ class Emitter:
         off, nstride = int(ref[2]), int(ref[3])
         if nstride and self.in_batch:
             return f"{off} + n * {nstride}" if off else f"n * {nstride}"
-        return str(off)
+        return self.num(off)
+
+    def num(self, value: int) -> str:
+        """An integer argument: its literal in the Python driver; in a compiled segment a load from
+        ``I``, the module's integer table (a literal there would make Numba compile the callee
+        once per distinct value, ``Literal[int]`` being a type of its own). While a ``par``
+        step's chunk is rendered as a template (:meth:`par_native`), the chunk's own slots
+        ``I[b + j]``."""
+        value = int(value)
+        if not self.native:
+            return str(value)
+        if self.chunk_ints is not None:
+            self.chunk_ints.append(value)
+            return f"I[b + {len(self.chunk_ints) - 1}]"
+        slot = self.int_slot.get(value)
+        if slot is None:
+            slot = self.int_slot[value] = len(self.ints)
+            self.ints.append(value)
+        return f"I[{slot}]"
+
+    def par_native(self, st: dict[str, Any], ind: str) -> None:
+        """A ``par`` step in a compiled segment: a work unit whose chunks the threads claim. When
+        every chunk is the same calls on different integers (the usual split of a product's
+        columns or a loop's rows), one body serves them all, its integers at ``I[b + j]`` with
+        ``b`` the chunk's row of a block of ``I``: a quarter of the call sites to compile."""
+        n = len(st["chunks"])
+        unit = self.num(self.unit)
+        self.unit += 1
+        info, driver = self._last_info, self.lines
+        rendered = []
+        for chunk in st["chunks"]:
+            self._last_info, self.lines, self.chunk_ints = info, [], []
+            for sub in chunk:
+                self.step(sub, ind + "    ")
+            rendered.append((self.lines, self.chunk_ints))
+        self.lines, self.chunk_ints = driver, None
+        body, ints = rendered[0]
+        uniform = all(lines == body and len(vals) == len(ints) for lines, vals in rendered)
+        self.lines.append(f"{ind}while True:")
+        self.lines.append(f"{ind}    i = claim(sync, {unit})")
+        self.lines.append(f"{ind}    if i >= {n}:")
+        self.lines.append(f"{ind}        break")
+        if uniform:
+            self.lines.append(f"{ind}    b = {len(self.ints)} + i * {len(ints)}")
+            for _, vals in rendered:
+                self.ints.extend(vals)
+            self.lines.extend(body)
+        else:
+            for c, chunk in enumerate(st["chunks"]):
+                self._last_info = info
+                self.lines.append(f"{ind}    {'if' if c == 0 else 'elif'} i == {c}:")
+                for sub in chunk:
+                    self.step(sub, ind + "        ")
+        self.lines.append(f"{ind}    finish(sync, {unit})")
+        self.lines.append(f"{ind}wait_done(sync, {unit}, {self.num(n)})")
 
     def step(self, st: dict[str, Any], ind: str) -> None:
         kind = st["kind"]
@@ -286,7 +348,12 @@ class Emitter:
             return
         if kind == "ew":
             name, call = self.ew_kernel(st)
+            if self.native:  # the extents and strides too (the same body for every chunk)
+                call = [self.num(int(a)) if re.fullmatch(r"-?[0-9]+", a) else a for a in call]
             self.lines.append(f"{ind}{name}({', '.join(call)})")
+            return
+        if kind == "par" and self.native:
+            self.par_native(st, ind)
             return
         if kind == "par":
             name = f"chunk{self.n_par}"
@@ -302,6 +369,15 @@ class Emitter:
             ldc, lo, hi, acc, *rowed = (int(v) for v in st["args"])
             b, c = st["b"], st["c"]
             tail = "".join(f", {v}" for v in rowed)  # period, valid: the columns the epilogue reads
+            if self.native:
+                wi = int(st["w"])
+                wt = self.program["weights"][wi]
+                period, valid = (rowed + [0, 0])[:2]
+                nums = ", ".join(self.num(v) for v in (ldc, lo, hi, acc, period, valid))
+                self.lines.append(
+                    f"{ind}wgemm_packed(wn[{wi}], w{wi}, {self.num(wt['m'])}, {self.num(wt['k'])}, {self.array(b)}, "
+                    f"{self.offset(b)}, T{int(st['rows'])}, {self.array(c)}, {self.offset(c)}, {nums})")
+                return
             self.lines.append(
                 f"{ind}wgemm(w{int(st['w'])}, {self.array(b)}, {self.offset(b)}, R{int(st['rows'])}, "
                 f"{self.array(c)}, {self.offset(c)}, {ldc}, {lo}, {hi}, {acc}{tail})")
@@ -331,33 +407,23 @@ class Emitter:
             elif tok == "f3":
                 call += [repr(v) for v in floats[:3]]
             else:
-                call += [str(v) for v in ints[:tok]]
+                call += [self.num(v) for v in ints[:tok]]
                 ints = ints[tok:]
         self.lines.append(f"{ind}{fn}({', '.join(call)})")
 
-    def emit(self) -> str:
+    def _prologue(self, consts: bool = True, weights: bool = True) -> None:
         p = self.program
-        self.in_batch = False
-        self._last_info = None
-        self.n_par = 0
-        n_in, n_const = len(p["inputs"]), len(p["consts"])
-        n_w = len(p["weights"])
-        args = ", ".join(["arena", "consts", "weights"] + [f"in{i}" for i in range(n_in)])
-        self.lines.append(f"def run({args}):")
-        self.lines.append(f'    """Region {safe_comment(self.region)}: {len(p["steps"])} steps, arena of '
-                          f'{int(p["arena"])} float32."""')
-        if n_const:
+        n_const, n_w = len(p["consts"]), len(p["weights"])
+        if n_const and consts:
             names = ", ".join(f"c{i}" for i in range(n_const))
             self.lines.append(f"    {names}{',' if n_const == 1 else ''} = consts")
-        if n_w:
+        if n_w and weights:
             names = ", ".join(f"w{i}" for i in range(n_w))
             self.lines.append(f"    {names}{',' if n_w == 1 else ''} = weights")
-        for i, size in enumerate(p["out_sizes"]):
-            self.lines.append(f"    out{i} = np.empty({int(size)}, np.float32)")
-        for st in p["steps"]:
-            self.step(st, "    ")
+
+    def _returns(self) -> None:
         rets = []
-        for o in p["outputs"]:
+        for o in self.program["outputs"]:
             size = 1
             for d in o["shape"]:
                 size *= int(d)
@@ -365,6 +431,115 @@ class Emitter:
             shape = tuple(int(d) for d in o["shape"])
             rets.append(f"out{int(o['buf'])}[{off}:{off + size}].reshape({shape!r})")
         self.lines.append(f"    return [{', '.join(rets)}]")
+
+    def _run(self) -> None:
+        """``run``: the driver in Python, a call per step, ``par`` steps over the thread pool."""
+        p = self.program
+        n_in = len(p["inputs"])
+        args = ", ".join(["arena", "consts", "weights"] + [f"in{i}" for i in range(n_in)])
+        self.lines.append(f"def run({args}):")
+        self.lines.append(f'    """Region {safe_comment(self.region)}: {len(p["steps"])} steps, arena of '
+                          f'{int(p["arena"])} float32."""')
+        self._prologue()
+        for i, size in enumerate(p["out_sizes"]):
+            self.lines.append(f"    out{i} = np.empty({int(size)}, np.float32)")
+        self.native = False
+        for st in p["steps"]:
+            self.step(st, "    ")
+        self._returns()
+
+    def _serial_unit(self, serial: list[dict[str, Any]]) -> None:
+        """Steps between ``par`` steps in a compiled segment: a unit of one chunk (the first
+        thread to claim it runs them, the others wait); empties ``serial``."""
+        if serial:
+            unit = self.num(self.unit)
+            self.unit += 1
+            self.lines.append(f"    if claim(sync, {unit}) == 0:")
+            for sub in serial:
+                self.step(sub, "        ")
+            self.lines.append(f"        finish(sync, {unit})")
+            self.lines.append(f"    wait_done(sync, {unit}, {self.num(1)})")
+            serial.clear()
+
+    def _native(self) -> None:
+        """``run_native``: the same steps, but every run of steps compiled code can make
+        (:func:`native_step`) is one compiled function, ``nativeN``, that each pool thread enters
+        (:func:`byoc.kernels.threads.run_spmd`): the threads claim the chunks of each ``par`` step
+        and the steps between them through atomic counters in ``sync``, with no Python and no GIL
+        between the steps. The steps it cannot make (OpenBLAS calls, Winograd, the blocked layout)
+        run from Python between those functions."""
+        p = self.program
+        n_in, n_out, n_tab = len(p["inputs"]), len(p["out_sizes"]), len(p["rows"])
+        segments: list[list[dict[str, Any]]] = []  # runs of steps alike in native_step
+        for st in p["steps"]:
+            if segments and native_step(segments[-1][0]) == native_step(st):
+                segments[-1].append(st)
+            else:
+                segments.append([st])
+        driver, funcs = self.lines, []
+        units: dict[int, int] = {}  # compiled segment -> its work units
+        self.native, self.ints, self.int_slot, self.chunk_ints = True, [], {}, None
+        for j, steps in enumerate(segments):
+            if not native_step(steps[0]):
+                continue
+            self.lines, self.unit = [], 0
+            self.lines.append("@numba.njit(cache=True, nogil=True, boundscheck=False)")
+            self.lines.append(f"def native{j}(sync, I, arena, consts, weights, wn, tables, ins, outs):")
+            self._prologue()
+            for prefix, n, src in (("T", n_tab, "tables"), ("in", n_in, "ins"), ("out", n_out, "outs")):
+                if n:
+                    self.lines.append(f"    {', '.join(f'{prefix}{i}' for i in range(n))}{',' * (n == 1)} = {src}")
+            serial: list[dict[str, Any]] = []  # steps between par steps: one unit of one chunk
+            for st in steps:
+                if st["kind"] == "par":
+                    self._serial_unit(serial)
+                    self.par_native(st, "    ")
+                else:
+                    serial.append(st)
+            self._serial_unit(serial)
+            funcs.append(self.lines)
+            units[j] = self.unit
+        self.lines, self.native = driver, False
+        for text in funcs:
+            self.lines += ["", "", *text]
+        self.lines += ["", "", "# the integer arguments of the compiled segments",
+                       f"I = np.array({tuple(self.ints)!r}, np.int64)", "", ""]
+        params = ", ".join(["arena", "consts", "weights", "packed", "wn"] + [f"in{i}" for i in range(n_in)])
+        self.lines.append(f"def run_native({params}):")
+        self.lines.append(f'    """Region {safe_comment(self.region)} through its compiled segments (``nativeN``); '
+                          f'``packed`` are the packed weights, ``wn`` which of them are narrow."""')
+        python_steps = len(units) < len(segments)
+        self._prologue(consts=python_steps, weights=python_steps)
+
+        def tup(names: list[str]) -> str:
+            return f"({', '.join(names)}{',' * (len(names) == 1)})"
+
+        for i, size in enumerate(p["out_sizes"]):
+            self.lines.append(f"    out{i} = np.empty({int(size)}, np.float32)")
+        self.lines.append(f"    ins, outs, tables = {tup([f'in{i}' for i in range(n_in)])}, "
+                          f"{tup([f'out{i}' for i in range(n_out)])}, {tup([f'R{i}.table' for i in range(n_tab)])}")
+        for j, steps in enumerate(segments):
+            if j not in units:
+                for st in steps:
+                    self.step(st, "    ")
+                continue
+            args = f"np.zeros({2 * units[j]}, np.int64), I, arena, consts, packed, wn, tables, ins, outs"
+            if any(st["kind"] == "par" for st in steps):  # every pool thread enters it
+                self.lines.append(f"    run_spmd(native{j}, ({args}))")
+            else:
+                self.lines.append(f"    native{j}({args})")
+        self._returns()
+
+    def emit(self) -> str:
+        p = self.program
+        self.in_batch = False
+        self._last_info = None
+        self.n_par = 0
+        self.native = False
+        self._run()
+        if native_program(p):
+            self._last_info = None
+            self._native()
         literals = "".join(f"{name} = {_float(float.fromhex(key))}\n" for key, name in self.literals.items())
         tables = "".join(
             f"R{i} = Rows({tuple(tuple(int(v) for v in seg) for seg in segs)!r})\n" for i, segs in enumerate(p["rows"]))
@@ -379,9 +554,29 @@ class Emitter:
         return "".join(parts)
 
 
+#: fixed kernels compiled code can call (all of :data:`FIXED` but the ones that call OpenBLAS or
+#: keep Python-side state)
+NATIVE_FIXED = frozenset(FIXED) - {"winograd", "reorder8", "conv8"}
+
+
+def native_step(st: dict[str, Any]) -> bool:
+    """Whether a step can run inside a compiled segment of ``run_native``."""
+    kind = st["kind"]
+    if kind == "par":
+        return all(native_step(sub) and sub["kind"] != "par" for chunk in st["chunks"] for sub in chunk)
+    return kind in ("ew", "wgemm") or kind in NATIVE_FIXED
+
+
+def native_program(program: dict[str, Any]) -> bool:
+    """Whether the emitted module gets ``run_native`` (some step can be compiled; no ``batch``
+    step, whose per-image offsets the compiled segments do not take)."""
+    steps = program["steps"]
+    return any(native_step(st) for st in steps) and not any(st["kind"] == "batch" for st in steps)
+
+
 def emit(program: dict[str, Any]) -> str:
     """The Python source of ``program`` (deterministic)."""
     return Emitter(program).emit()
 
 
-__all__ = ["FIXED", "INSTRUCTIONS", "emit", "safe_comment"]
+__all__ = ["FIXED", "INSTRUCTIONS", "NATIVE_FIXED", "emit", "native_program", "native_step", "safe_comment"]

@@ -203,12 +203,25 @@ class CpuRegion:
     """The callable byoc runs for one region: checks the inputs, lends an arena, calls ``run``."""
 
     def __init__(self, name: str, module: Any, consts: list[np.ndarray], program: dict[str, Any],
-                 load_seconds: float):
+                 load_seconds: float, native: str = "auto"):
         self.name = name
         self.module = module
-        self._run = module.run
         self.consts = tuple(consts)
         self.weights = tuple(prepare_weights(program, consts))
+        #: whether calls go through ``run_native`` (see :func:`use_native`)
+        self.native = hasattr(module, "run_native") and use_native(program, native) and \
+            all(w.packed is not None or w.narrow is not None for w in self.weights)
+        if self.native:
+            packed = tuple(w.narrow if w.narrow is not None else w.packed for w in self.weights)
+            narrow = np.array([w.narrow is not None for w in self.weights] or [False])
+            run_native = module.run_native
+
+            def run(arena, consts, weights, *inputs):
+                return run_native(arena, consts, weights, packed, narrow, *inputs)
+
+            self._run = run
+        else:
+            self._run = module.run
         self.specs = [(x["name"], tuple(int(d) for d in x["shape"])) for x in program["inputs"]]
         self.arena_size = max(1, int(program["arena"]))
         self.load_seconds = load_seconds
@@ -238,6 +251,27 @@ class CpuRegion:
             return self._run(arena, self.consts, self.weights, *flat)
         finally:
             self._pool.append(arena)
+
+
+#: parallel steps from which ``native="auto"`` compiles a region's steps: each saves a thread
+#: hand-off and Python dispatch (~15-30 us a run), the compile costs ~50 ms per step once per
+#: region and machine (then Numba's disk cache serves it); below this, tests and small models
+#: keep the Python driver
+NATIVE_MIN_PAR = 8
+
+
+def use_native(program: dict[str, Any], mode: str = "auto") -> bool:
+    """Whether a region runs its compiled segments (``run_native``, see :mod:`byoc_cpu.emit`):
+    the ``native`` option; ``"auto"`` takes ``$BYOC_CPU_NATIVE`` (``0``/``1``) when set, else
+    compiles regions with at least :data:`NATIVE_MIN_PAR` parallel steps."""
+    if mode == "auto":
+        env = os.environ.get("BYOC_CPU_NATIVE", "").strip().lower()
+        if env in ("0", "off", "false", "no"):
+            return False
+        if env in ("1", "on", "true", "yes"):
+            return True
+        return sum(st["kind"] == "par" for st in program["steps"]) >= NATIVE_MIN_PAR
+    return mode == "on"
 
 
 def _widths(steps: list[Any], out: dict[int, int]) -> None:
@@ -296,7 +330,8 @@ def load(artifact: Artifact, options: Mapping[str, Any] | None = None) -> CpuReg
         raise PluginError(f"cpu: region {name!r}: the constants do not match their SHA-256")
     consts = unpack_constants(artifact.data, program)
     module = import_source(source, digest, cache_dir(options))
-    return CpuRegion(name, module, consts, program, time.perf_counter() - t0)
+    return CpuRegion(name, module, consts, program, time.perf_counter() - t0,
+                     native=str((options or {}).get("native", "auto")))
 
 
 __all__ = ["CpuRegion", "cache_dir", "check_cache_dir", "evict", "import_source", "load"]
