@@ -74,9 +74,10 @@ _DIRECT_MAX_CHANNELS = 8
 _DIRECT_PAR_MIN_MACS = 1 << 23
 # 3x3 stride-1 convolutions with at least this many input and output channels per group use
 # Winograd: F(2x2, 3x3) from an output side of _WINO_MIN_SIDE[2], F(4x4, 3x3) from _WINO_MIN_SIDE[4].
-# Only where the GEMM is OpenBLAS's (float64, a CPU without AVX-512, or BYOC_OWN_GEMM=0): with byoc's own float32 GEMM
-# the shift strategy measured as fast (ResNet-50's 3x3 layers: within +-15%, either way) without
-# Winograd's transforms and its rounding (F(4x4): ~6e-6 relative error)
+# Where the GEMM is OpenBLAS's (float64, a CPU without AVX-512, or BYOC_OWN_GEMM=0) by the rules
+# below; with byoc's own float32 GEMM only on big layers (WINOGRAD_OWN_MIN_CM): elsewhere the shift
+# strategy measured as fast (ResNet-50's 3x3 layers: within +-15%, either way) without Winograd's
+# transforms and its rounding (F(4x4): ~6e-6 relative error)
 _WINO_MIN_CHANNELS = 8
 _WINO_MIN_SIDE = {2: 8, 4: 40}
 # ... when the strategy is chosen automatically (the host kernels and byoc-cpu's lowering share
@@ -88,6 +89,16 @@ _WINO_MIN_SIDE = {2: 8, 4: 40}
 WINOGRAD_MIN_CM = 64 * 128
 WINOGRAD_ANY_CM_SIDE = 112
 _WINO_AUTO_F2_SIDE = 1 << 30
+# With byoc's own GEMM (AVX-512), measured per layer on an Intel Xeon (one-node models, 2 threads,
+# shift against Winograd, ratio to onnxruntime): F(4x4) wins from 128 x 128 channels on planes
+# of 56 and more (256 -> 256 at 56x56: 1.90 -> 0.97; 128 -> 128 at 112x112: 1.87 -> 1.24) and
+# loses below (64 -> 64 at 56x56: 1.82 -> 3.71; 64 -> 192: 1.54 -> 1.67); F(2x2) wins on 28x28
+# planes from 192 x 192 channels (512 -> 512: 1.98 -> 1.05; 192 -> 192: 1.86 -> 1.63) and loses
+# below that or on smaller planes (128 -> 128 at 28x28: 1.78 -> 2.02; 512 -> 512 at 14x14:
+# 1.53 -> 1.71): its tiles leave the GEMMs too few columns. VGG-19 is the model this changes
+# (byoc-cpu 1.66 -> 1.38 of onnxruntime's time); ResNet-50, Inception and DenseNet keep shift.
+WINOGRAD_OWN_MIN_CM = {4: 128 * 128, 2: 192 * 192}
+_WINO_OWN_MIN_SIDE = {4: _WINO_MIN_SIDE[4], 2: 28}
 # with OpenBLAS the shift strategy is one GEMM per tap with K = channels, which packs its
 # operands anew each time: from this many channels per group (or with fewer than twice as many
 # output as input channels) it beats im2col's single K = taps x channels product (SqueezeNet's
@@ -792,15 +803,15 @@ def make_conv(spec: NodeSpec):
         }
         pointwise = all(k == 1 for k in ksz) and not any(pb) and not any(pe)
         kvol = int(np.prod(ksz))
+        own = compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg)
         if pointwise:
             g["how"] = "pointwise"
         elif group > 1 and cg < _DIRECT_MAX_CHANNELS:
             g["how"] = "direct"
         elif (nd == 2 and ksz == [3, 3] and strides == [1, 1] and dil == [1, 1] and have_blas(x.dtype)
-              and winograd_tile(cg, m // group, *out_sp)
-              and not (compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg))):
+              and winograd_tile(cg, m // group, *out_sp, own_gemm=own)):
             g["how"] = "winograd"
-            g["wm"] = winograd_tile(cg, m // group, *out_sp)
+            g["wm"] = winograd_tile(cg, m // group, *out_sp, own_gemm=own)
         elif (nd == 2 and compute_dtype(x.dtype) == np.float32 and blocked.PAYS
               and blocked.applies(c, m, group, *ksz, *strides, *dil)
               and x.shape[3] + pb[1] + pe[1] <= _SHIFT_MAX_WASTE * out_sp[1]):  # padded width: little waste
@@ -1575,12 +1586,17 @@ def winograd_side(oh: int, ow: int) -> int:
     return 4 if side >= _WINO_MIN_SIDE[4] else 2 if side >= _WINO_MIN_SIDE[2] else 0
 
 
-def winograd_tile(cg: int, mg: int, oh: int, ow: int) -> int:
+def winograd_tile(cg: int, mg: int, oh: int, ow: int, own_gemm: bool = False) -> int:
     """The Winograd tile (4 or 2) the automatic choice takes for a 3x3 stride-1 convolution with
-    ``cg`` input and ``mg`` output channels per group and an ``oh x ow`` output, 0 for none
-    (where the GEMMs are OpenBLAS's; with byoc's own GEMM the shift strategy is as fast)."""
+    ``cg`` input and ``mg`` output channels per group and an ``oh x ow`` output, 0 for none;
+    ``own_gemm``: the alternative is the shift strategy on byoc's own GEMM (else OpenBLAS's)."""
     side = min(oh, ow)
     if cg < _WINO_MIN_CHANNELS or mg < _WINO_MIN_CHANNELS:
+        return 0
+    if own_gemm:
+        for tile in (4, 2):
+            if side >= _WINO_OWN_MIN_SIDE[tile] and cg * mg >= WINOGRAD_OWN_MIN_CM[tile]:
+                return tile if winograd_side(oh, ow) == tile else 0
         return 0
     if side >= _WINO_MIN_SIDE[4] and (cg * mg >= WINOGRAD_MIN_CM or side >= WINOGRAD_ANY_CM_SIDE):
         return 4

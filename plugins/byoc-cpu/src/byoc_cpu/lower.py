@@ -919,9 +919,10 @@ class Lowering:
             return "direct"
         if pointwise:
             return "pointwise"
-        if (winograd_ok and not FULL_WIDTH and forced == "auto"
-                and winograd_tile(p["cg"], p["m"], p["oh"], p["ow"]) == side):
-            # OpenBLAS's GEMMs (no full-width micro-kernel on this CPU): the core's rule
+        if (winograd_ok and forced == "auto"
+                and winograd_tile(p["cg"], p["m"], p["oh"], p["ow"], own_gemm=FULL_WIDTH) == side):
+            # the core's rule: with OpenBLAS's GEMMs (no full-width micro-kernel on this CPU), or
+            # big layers where Winograd's fewer multiplies beat the shift strategy on byoc's GEMM
             return "winograd"
         if blocked_ok and blocked.PAYS and forced == "auto":
             # the blocked direct kernel beats OpenBLAS's GEMMs on these (shift and im2col alike)
