@@ -281,8 +281,9 @@ class Emitter:
 
     def num(self, value: int) -> str:
         """An integer argument: its literal in the Python driver; in a compiled segment a load from
-        ``I``, the module's integer table (a literal there would make Numba compile the callee
-        once per distinct value, ``Literal[int]`` being a type of its own). While a ``par``
+        ``I``, the module's integer table, loaded once per segment into ``v<slot>`` (a literal
+        there would make Numba compile the callee once per distinct value, ``Literal[int]``
+        being a type of its own). While a ``par``
         step's chunk is rendered as a template (:meth:`par_native`), the chunk's own slots
         ``I[b + j]``."""
         value = int(value)
@@ -295,7 +296,8 @@ class Emitter:
         if slot is None:
             slot = self.int_slot[value] = len(self.ints)
             self.ints.append(value)
-        return f"I[{slot}]"
+        self.slots_used.add(slot)
+        return f"v{slot}"
 
     def par_native(self, st: dict[str, Any], ind: str) -> None:
         """A ``par`` step in a compiled segment: a work unit whose chunks the threads claim. When
@@ -482,13 +484,14 @@ class Emitter:
         for j, steps in enumerate(segments):
             if not native_step(steps[0]):
                 continue
-            self.lines, self.unit = [], 0
+            self.lines, self.unit, self.slots_used = [], 0, set()
             self.lines.append("@numba.njit(cache=True, nogil=True, boundscheck=False)")
             self.lines.append(f"def native{j}(sync, I, arena, consts, weights, wn, tables, ins, outs):")
             self._prologue()
             for prefix, n, src in (("T", n_tab, "tables"), ("in", n_in, "ins"), ("out", n_out, "outs")):
                 if n:
                     self.lines.append(f"    {', '.join(f'{prefix}{i}' for i in range(n))}{',' * (n == 1)} = {src}")
+            head = len(self.lines)
             serial: list[dict[str, Any]] = []  # steps between par steps: one unit of one chunk
             for st in steps:
                 if st["kind"] == "par":
@@ -497,6 +500,9 @@ class Emitter:
                 else:
                     serial.append(st)
             self._serial_unit(serial)
+            # each integer the segment uses is loaded from I once, into v<slot>: a load per use
+            # cost Numba ~1 ms of typing and lowering each (thousands in ResNet-50)
+            self.lines[head:head] = [f"    v{k} = I[{k}]" for k in sorted(self.slots_used)]
             funcs.append(self.lines)
             units[j] = self.unit
         self.lines, self.native = driver, False
