@@ -37,12 +37,11 @@ def _check(chunks: list[int], entrants: int | None = None) -> None:
     width = max(chunks)
     hits = np.zeros((len(chunks), width), np.int64)
     seen = np.zeros((len(chunks), width), np.int64)
-    sync = np.zeros(2 * len(chunks), np.int64)
-    args = (sync, c, hits, seen)
+    sync = np.zeros(2 * len(chunks) + 1, np.int64)
     if entrants is None:
-        threads.run_spmd(_units, args)
+        threads.run_spmd(_units, sync, (c, hits, seen))
     else:
-        ts = [threading.Thread(target=_units, args=args) for _ in range(entrants)]
+        ts = [threading.Thread(target=_units, args=(sync, c, hits, seen)) for _ in range(entrants)]
         for t in ts:
             t.start()
         for t in ts:
@@ -64,3 +63,34 @@ def test_run_spmd_runs_each_chunk_once(chunks):
 @given(st.lists(st.integers(1, 9), min_size=1, max_size=8), st.integers(1, 5))
 def test_any_number_of_threads_can_enter(chunks, entrants):
     _check(chunks, entrants)
+
+
+@numba.njit(nogil=True, cache=True)
+def _raising(sync, chunks, bad):
+    for u in range(chunks.size):
+        while True:
+            i = claim(sync, u)
+            if i >= chunks[u]:
+                break
+            if u == bad and i == 1:
+                raise ValueError("chunk failed")
+            finish(sync, u)
+        wait_done(sync, u, chunks[u])
+
+
+def test_an_error_in_one_thread_does_not_hang_the_others():
+    """The chunk that raises is never finished: the abort flag ends the other threads' wait."""
+    chunks = np.array([3, 4, 2], np.int64)
+    outcome: list[str] = []
+
+    def call():
+        try:
+            threads.run_spmd(_raising, np.zeros(2 * chunks.size + 1, np.int64), (chunks, 1))
+        except ValueError as exc:
+            outcome.append(str(exc))
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "run_spmd hung after a chunk raised"
+    assert outcome == ["chunk failed"]

@@ -58,7 +58,8 @@ def spin(word, idx, seen, polls, sidx, svalue):
 
 # -------------------------------------------------------------------------------------------------
 # work units shared by the threads that run one compiled region (byoc_cpu's native driver):
-# ``sync`` holds two counters per unit, claimed chunks at ``2*u`` and finished ones at ``2*u + 1``
+# ``sync`` holds two counters per unit, claimed chunks at ``2*u`` and finished ones at ``2*u + 1``,
+# and last an abort flag (:func:`byoc.kernels.threads.run_spmd` sets it when a thread raises)
 
 
 @intrinsic
@@ -89,6 +90,9 @@ def finish(sync, unit):
 def wait_done(sync, unit, chunks):
     """Wait until all ``chunks`` chunks of ``unit`` are done. Only chunks another thread claimed
     can be outstanding here (the caller ran out of unclaimed ones), so this never waits for work
-    nobody runs."""
+    nobody runs, unless that thread raised: then the abort flag (``sync[-1]``) ends the wait, the
+    remaining work runs on garbage and the error reaches the caller."""
+    abort = sync.size - 1
     while _load_acquire(sync, 2 * unit + 1) < chunks:
-        pass
+        if _load_acquire(sync, abort) != 0:
+            return

@@ -403,18 +403,28 @@ def parallel_for(fn, n: int) -> None:
         _pool.run(fn, n)
 
 
-def run_spmd(fn, args: tuple) -> None:
-    """Call ``fn(*args)`` on the calling thread and on every helper of the pool at once (one
+def run_spmd(fn, sync: np.ndarray, args: tuple = ()) -> None:
+    """Call ``fn(sync, *args)`` on the calling thread and on every helper of the pool at once (one
     hand-off for the whole call): ``fn`` is a compiled ``nogil`` function whose threads share its
-    work among themselves (byoc-cpu's native regions claim chunks through atomic counters, see
-    :func:`byoc.kernels._spin.claim`), so each call must be safe to run on any number of threads,
-    one included, and return once all of the work is done. A helper that starts late finds the
-    work done and returns at once; a busy pool leaves it all to the calling thread."""
+    work among themselves through ``sync`` (an int64 array: two counters per work unit, then an
+    abort flag; see :func:`byoc.kernels._spin.claim`), so each call must be safe to run on any
+    number of threads, one included, and return once all of the work is done. A helper that
+    starts late finds the work done and returns at once; a busy pool leaves it all to the
+    calling thread. A thread that raises sets the abort flag, so that the others stop waiting
+    for its chunk; the error reaches the caller."""
     configure()
+
+    def body(_: int) -> None:
+        try:
+            fn(sync, *args)
+        except BaseException:
+            sync[-1] = 1
+            raise
+
     if _pool is None:
-        fn(*args)
+        body(0)
     else:
-        _pool.run(lambda i: fn(*args), _pool.size)
+        _pool.run(body, _pool.size)
 
 
 def configure() -> dict[str, Any]:

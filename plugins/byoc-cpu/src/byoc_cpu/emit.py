@@ -529,11 +529,12 @@ class Emitter:
                 for st in steps:
                     self.step(st, "    ")
                 continue
-            args = f"np.zeros({2 * units[j]}, np.int64), I, arena, consts, packed, wn, tables, ins, outs"
+            sync = f"np.zeros({2 * units[j] + 1}, np.int64)"  # two counters per unit, an abort flag
+            args = "I, arena, consts, packed, wn, tables, ins, outs"
             if any(st["kind"] == "par" for st in steps):  # every pool thread enters it
-                self.lines.append(f"    run_spmd(native{j}, ({args}))")
+                self.lines.append(f"    run_spmd(native{j}, {sync}, ({args}))")
             else:
-                self.lines.append(f"    native{j}({args})")
+                self.lines.append(f"    native{j}({sync}, {args})")
         self._returns()
 
     def emit(self) -> str:
