@@ -280,12 +280,11 @@ class Emitter:
         return self.num(off)
 
     def num(self, value: int) -> str:
-        """An integer argument: its literal in the Python driver; in a compiled segment a load from
+        """An integer argument: its literal in the Python driver; in a compiled segment a value of
         ``I``, the module's integer table, loaded once per segment into ``v<slot>`` (a literal
         there would make Numba compile the callee once per distinct value, ``Literal[int]``
-        being a type of its own). While a ``par``
-        step's chunk is rendered as a template (:meth:`par_native`), the chunk's own slots
-        ``I[b + j]``."""
+        being a type of its own); while a ``par`` step's chunk is rendered as a template
+        (:meth:`par_native`), the chunk's own slots ``I[b + j]``."""
         value = int(value)
         if not self.native:
             return str(value)
