@@ -124,6 +124,21 @@ def test_native_option_is_machine_local(compiled):
     np.testing.assert_array_equal(on.run({"x": x})["y"], off.run({"x": x})["y"])
 
 
+@needs_own_gemm
+def test_blocked_layout_runs_inside_the_compiled_segment(compiled):
+    """The channel-blocked kernel (Zen 4's choice for KxK layers) is a step of the segment, not
+    a cut between two: a region stays one compiled function (DenseNet-121 had 59)."""
+    model, _ = compiled
+    on = compile_cpu(model, threads=2, native="on", conv_strategy="blocked")
+    off = compile_cpu(model, threads=2, native="off", conv_strategy="blocked")
+    source = on.regions[0].artifact.metadata["source"]
+    bodies = re.findall(r"^def native\d+\(.*?(?=^\S)", source, re.S | re.M)
+    assert any("K.conv8(" in body and "K.reorder8(" in body for body in bodies)
+    x = np.random.default_rng(3).standard_normal((1, 8, 40, 40)).astype(np.float32)
+    np.testing.assert_array_equal(on.run({"x": x})["y"], off.run({"x": x})["y"])
+    np.testing.assert_allclose(on.run({"x": x})["y"], onnxruntime_run(model, {"x": x})[0], rtol=1e-4, atol=1e-6)
+
+
 def test_auto_compiles_only_regions_with_enough_parallel_steps(monkeypatch):
     monkeypatch.delenv("BYOC_CPU_NATIVE", raising=False)
     par = {"kind": "par", "chunks": [[]]}

@@ -182,7 +182,7 @@ class Emitter:
         r = len(dims)
         operands, outputs = step["operands"], step["outputs"]
         params = [f"n{d}" for d in range(r)]
-        call = [str(d) for d in dims]
+        call = [self.num(d) for d in dims]  # in a compiled segment, values of I (see num)
         index: dict[str, str] = {}
         depth: dict[str, int] = {}
         sig = ["int64"] * r
@@ -201,7 +201,7 @@ class Emitter:
                 else:
                     params.append(f"{name}s{d}")
                     sig.append("int64")
-                    call.append(str(s))
+                    call.append(self.num(s))
                     terms.append(f"i{d} * {name}s{d}")
             index[name] = " + ".join(terms)
             depth[name] = max([d for d, s in enumerate(strides) if int(s) != 0], default=-1)
@@ -349,8 +349,6 @@ class Emitter:
             return
         if kind == "ew":
             name, call = self.ew_kernel(st)
-            if self.native:  # the extents and strides too (the same body for every chunk)
-                call = [self.num(int(a)) if re.fullmatch(r"-?[0-9]+", a) else a for a in call]
             self.lines.append(f"{ind}{name}({', '.join(call)})")
             return
         if kind == "par" and self.native:
@@ -467,7 +465,7 @@ class Emitter:
         (:func:`native_step`) is one compiled function, ``nativeN``, that each pool thread enters
         (:func:`byoc.kernels.threads.run_spmd`): the threads claim the chunks of each ``par`` step
         and the steps between them through atomic counters in ``sync``, with no Python and no GIL
-        between the steps. The steps it cannot make (OpenBLAS calls, Winograd, the blocked layout)
+        between the steps. The steps it cannot make (OpenBLAS calls, Winograd)
         run from Python between those functions."""
         p = self.program
         n_in, n_out, n_tab = len(p["inputs"]), len(p["out_sizes"]), len(p["rows"])
@@ -560,9 +558,9 @@ class Emitter:
         return "".join(parts)
 
 
-#: fixed kernels compiled code can call (all of :data:`FIXED` but the ones that call OpenBLAS or
-#: keep Python-side state)
-NATIVE_FIXED = frozenset(FIXED) - {"winograd", "reorder8", "conv8"}
+#: fixed kernels compiled code can call: all of :data:`FIXED` but Winograd (its GEMMs may be
+#: OpenBLAS's); the blocked layout's reorder and kernel are Numba functions like the others
+NATIVE_FIXED = frozenset(FIXED) - {"winograd"}
 
 
 def native_step(st: dict[str, Any]) -> bool:
