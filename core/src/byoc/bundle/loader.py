@@ -274,8 +274,7 @@ class _Loader:
             if rec.region in self.host_fallback:
                 rec.device, rec.fallback = "host", self.host_fallback[rec.region]
         try:
-            plan = build_plan(model.graph, budget=self.budget, step_factory=region_step_factory(compiled_regions),
-                              fuse=True)
+            plan = build_plan(model.graph, budget=self.budget, step_factory=region_step_factory(compiled_regions))
         except ByocError as exc:
             raise self.fail(f"member {host_graph!r}: {type(exc).__name__}: {exc}") from None
         cm = CompiledModel(

@@ -718,28 +718,23 @@ class _ConvWeights:
         return ap
 
     def gemm(self, key, a: np.ndarray, b: np.ndarray, c: np.ndarray, parallel: bool = True, init: bool = False,
-             bias: np.ndarray | None = None, res: np.ndarray | None = None, relu: bool = False) -> None:
-        """``c += a @ b`` (with ``init``: ``c = a @ b + bias[:, None]``, then the fused epilogue
-        ``c = relu(c + res)`` of :func:`byoc.kernels.gemm.gemm_acc`) where ``a`` is a (fixed,
+             bias: np.ndarray | None = None) -> None:
+        """``c += a @ b`` (with ``init``: ``c = a @ b + bias[:, None]``) where ``a`` is a (fixed,
         per ``key``) matrix derived from these weights: byoc's micro-kernel GEMM on a
         panel-packed copy of ``a`` (made once) for float32, BLAS otherwise."""
         m, k = a.shape
         if c.dtype == np.float32 and use_own_gemm(m, b.shape[1], k):
             if prefers_narrow(b.shape[1], m):
-                gemm_narrow_acc(self.narrow(key, a), m, k, b, c, parallel, init, bias, res, relu)
+                gemm_narrow_acc(self.narrow(key, a), m, k, b, c, parallel, init, bias)
                 return
             ap = self._packs.get(key)
             if ap is None:
                 ap = self._packs[key] = pack_a(a)
-            gemm_acc(ap, m, k, b, c, parallel, init, bias, res, relu)
+            gemm_acc(ap, m, k, b, c, parallel, init, bias)
         else:
             if init:
                 c[...] = 0 if bias is None else bias[:, None]
             matmul_into(a, b, c, 1.0, 1.0, parallel)
-            if res is not None:
-                c += res
-            if relu:
-                c[c < 0] = 0
 
     def wino(self, m: int) -> np.ndarray:
         """Winograd-domain weights ``G g G^T``: (G, alpha^2, Mg, Cg)."""
@@ -856,26 +851,15 @@ def make_conv(spec: NodeSpec):
     def weights(w, dt) -> _ConvWeights:
         return packed.get(w, dt)
 
-    def geometry_of(x, w) -> dict:
+    def run(x, w, b=None):
+        _float_input(spec, x, "X")
+        dt = compute_dtype(x.dtype)
         key = (x.shape, w.shape)
         g = geometry.get(key)
         if g is None:
             g = setup(x, w)
             check_geometry(spec, x, w.shape[0], g)
             geometry[key] = g
-        return g
-
-    def out_shape(x, w) -> tuple:
-        """Y's shape for these inputs (``fused_conv`` checks a residual against it)."""
-        _float_input(spec, x, "X")
-        return (x.shape[0], w.shape[0], *geometry_of(x, w)["out_sp"])
-
-    def run(x, w, b=None, epi=None):
-        # epi: (residual or None, relu) applied to Y in place (fused_conv: float32, a residual
-        # of Y's shape)
-        _float_input(spec, x, "X")
-        dt = compute_dtype(x.dtype)
-        g = geometry_of(x, w)
         if g["how"] in ("shift", "phase_shift", "blocked") and dt != np.float32:
             g = dict(g, how="im2col")
         pw = weights(w, dt)
@@ -895,8 +879,6 @@ def make_conv(spec: NodeSpec):
             bias = spec.alloc.zeros(m, dt)
         bias = read_only_view(bias)
         how = g["how"]
-        # a fused epilogue: the strategies that crop or multiply in chunks apply it per chunk
-        ep = _Epi(out, *epi) if epi is not None and how in _EPILOGUE_IN_CHUNKS else None
         if how == "direct":
             kd, kh, kw = g["k"]
             sd, sh, sw = g["s"]
@@ -924,144 +906,23 @@ def make_conv(spec: NodeSpec):
 
             threads.parallel_for(chunk, len(blocks))
         elif how == "shift":
-            _shift(x5, pw, g, bias, out, ep)
+            _shift(x5, pw, g, bias, out)
         elif how == "blocked":
-            _blocked_conv(x5, pw, g, bias, out, ep)
+            _blocked_conv(x5, pw, g, bias, out)
         elif how == "winograd":
             _winograd(x5, pw, g, bias, out)
         elif how == "phase_shift":
-            _phase_shift(x5, pw, g, bias, out, ep)
+            _phase_shift(x5, pw, g, bias, out)
         else:
             # the GEMMs write their first depth block together with the bias: no separate pass
             bias_or_none = bias if has_bias else None
             if how == "pointwise":
-                _pointwise(x5, pw, g, out.reshape(nb, m, -1), bias_or_none, ep)
+                _pointwise(x5, pw, g, out.reshape(nb, m, -1), bias_or_none)
             else:
                 _im2col_conv(x5, pw, g, out, bias_or_none)
         y = out.reshape(out.shape[:2] + tuple(g["out_sp"]))
-        if epi is not None and ep is None:
-            epilogue(y, *epi)
         if y.dtype != x.dtype:
             y = y.astype(x.dtype)
-        return (y,)
-
-    run.takes_epilogue = True
-    run.out_shape = out_shape
-    return run
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _epilogue_range(y, r, has_res, relu, lo, hi):
-    """``y[i] = relu(y[i] + r[i])`` for ``i`` in ``[lo, hi)`` (without ``has_res``: no add;
-    without ``relu``: no clamp). Relu as the host's: ``0 if v < 0 else v`` keeps NaN."""
-    zero = np.float32(0)
-    if has_res and relu:
-        for i in range(np.uint64(lo), np.uint64(hi)):
-            v = y[i] + r[i]
-            y[i] = zero if v < zero else v
-    elif has_res:
-        for i in range(np.uint64(lo), np.uint64(hi)):
-            y[i] = y[i] + r[i]
-    elif relu:
-        for i in range(np.uint64(lo), np.uint64(hi)):
-            v = y[i]
-            y[i] = zero if v < zero else v
-
-
-#: the strategies that apply a fused epilogue chunk by chunk (the others: one pass after)
-_EPILOGUE_IN_CHUNKS = frozenset({"pointwise", "shift", "blocked", "phase_shift"})
-_NO_RESIDUAL = np.zeros(1, np.float32)
-_NO_RESIDUAL.flags.writeable = False
-#: elements from which an epilogue pass is split over the pool
-_EPILOGUE_PAR_MIN = 1 << 16
-
-
-def epilogue(y: np.ndarray, res: np.ndarray | None, relu: bool) -> None:
-    """``y = relu(y + res)`` in place (float32, ``res`` of ``y``'s shape or ``None``), over the pool."""
-    yf = y.reshape(-1)
-    rf = _NO_RESIDUAL if res is None else read_only_view(np.ascontiguousarray(res).reshape(-1))
-    has_res = res is not None
-    n = yf.shape[0]
-    if n < _EPILOGUE_PAR_MIN or threads.num_threads() == 1:
-        _epilogue_range(yf, rf, has_res, relu, 0, n)
-        return
-    blocks = split(n, threads.num_threads(), 16)
-    threads.parallel_for(lambda i: _epilogue_range(yf, rf, has_res, relu, *blocks[i]), len(blocks))
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _epilogue_planes(y, r, has_res, relu, n0, n1, mtot, plane, m0, m1):
-    """:func:`_epilogue_range` on channels ``[m0, m1)`` of images ``[n0, n1)`` of a (N, M, plane) buffer."""
-    for n in range(n0, n1):
-        base = n * mtot * plane
-        _epilogue_range(y, r, has_res, relu, base + m0 * plane, base + m1 * plane)
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _epilogue_rows(y, r, has_res, relu, n0, mtot, oh, ow, m0, m1, hp, r0, r1):
-    """:func:`_epilogue_range` on the output rows a crop wrote (:func:`_crop_rows`): padded rows
-    ``[r0, r1)`` (image ``n0 + r // hp``, row ``r % hp`` when below ``oh``), channels ``[m0, m1)``."""
-    for rr in range(r0, r1):
-        n = n0 + rr // hp
-        i = rr % hp
-        if i >= oh:
-            continue
-        for m in range(m0, m1):
-            o = ((n * mtot + m) * oh + i) * ow
-            _epilogue_range(y, r, has_res, relu, o, o + ow)
-
-
-class _Epi:
-    """A convolution's fused epilogue, ``y = relu(y + res)`` in place, applied by the strategies
-    to each part of the output right after a chunk wrote it (still in cache)."""
-
-    def __init__(self, out: np.ndarray, res: np.ndarray | None, relu: bool):
-        self.y = out.reshape(-1)
-        self.has_res = res is not None
-        self.r = _NO_RESIDUAL if res is None else read_only_view(np.ascontiguousarray(res).reshape(-1))
-        self.relu = relu
-        self.m = out.shape[1]
-        self.oh, self.ow = out.shape[-2:]
-        self.plane = int(np.prod(out.shape[2:]))
-
-    def channels(self, n0: int, n1: int, m0: int, m1: int) -> None:
-        """Channels ``[m0, m1)`` of images ``[n0, n1)``."""
-        _epilogue_planes(self.y, self.r, self.has_res, self.relu, n0, n1, self.m, self.plane, m0, m1)
-
-    def rows(self, n0: int, m0: int, m1: int, r0: int, r1: int, hp: int = 0) -> None:
-        """What :func:`_crop_rows` wrote from padded rows ``[r0, r1)`` (``hp``: rows per image in
-        the accumulator; 0: all in image ``n0``), channels ``[m0, m1)``. 2-D outputs only."""
-        _epilogue_rows(self.y, self.r, self.has_res, self.relu, n0, self.m, self.oh, self.ow, m0, m1,
-                       hp or max(r1, self.oh), r0, r1)
-
-    def matrix(self, n: int, m0: int, m1: int) -> tuple[np.ndarray | None, bool]:
-        """(residual, relu) for a GEMM into image ``n``'s channels ``[m0, m1)`` x positions: the
-        GEMM applies them to its tiles (:func:`byoc.kernels.gemm.gemm_acc`)."""
-        res = None if not self.has_res else self.r.reshape(-1, self.m, self.plane)[n, m0:m1]
-        return res, self.relu
-
-
-def fused_conv(conv_run, add_run=None, relu_run=None):
-    """A Conv's run function followed by an Add/Sum of a second tensor (``add_run``, that node's
-    own kernel) and/or a Relu (``relu_run``): ``run(x, w, b=None, res=None)``.
-
-    For float32 with a residual of the output's shape (or none), the host convolution applies
-    them as its epilogue, in place; otherwise (broadcasting, other types, another kernel) the
-    nodes' own kernels run after it: the result is the same as unfused either way."""
-    takes = getattr(conv_run, "takes_epilogue", False)
-    relu = relu_run is not None
-
-    def run(x, w, b=None, res=None):
-        if takes and getattr(x, "dtype", None) == np.float32 and isinstance(w, np.ndarray):
-            if add_run is None:
-                return conv_run(x, w, b, epi=(None, relu))
-            if isinstance(res, np.ndarray) and res.dtype == np.float32 and res.shape == conv_run.out_shape(x, w):
-                return conv_run(x, w, b, epi=(res, relu))
-        (y,) = conv_run(x, w, b)
-        if add_run is not None:
-            (y,) = add_run(y, res)
-        if relu:
-            (y,) = relu_run(y)
         return (y,)
 
     return run
@@ -1071,7 +932,7 @@ def _bias_slice(bias, gi, mg):
     return None if bias is None else bias[gi * mg:(gi + 1) * mg]
 
 
-def _pointwise(x5, pw: _ConvWeights, g, outr, bias, epi=None):
+def _pointwise(x5, pw: _ConvWeights, g, outr, bias):
     nb, c = x5.shape[:2]
     s = g["s"]
     od, oh, ow = pad3(g["out_sp"], 1)
@@ -1083,9 +944,8 @@ def _pointwise(x5, pw: _ConvWeights, g, outr, bias, epi=None):
     xr = x5.reshape(nb, c, -1)
     for n in range(nb):
         for gi in range(pw.group):
-            res, relu = (None, False) if epi is None else epi.matrix(n, gi * mg, (gi + 1) * mg)
             pw.gemm(("mat", gi), pw.mat[gi], xr[n, gi * cg:(gi + 1) * cg], outr[n, gi * mg:(gi + 1) * mg],
-                    init=True, bias=_bias_slice(bias, gi, mg), res=res, relu=relu)
+                    init=True, bias=_bias_slice(bias, gi, mg))
 
 
 def _im2col_conv(x5, pw: _ConvWeights, g, out, bias):
@@ -1246,7 +1106,7 @@ def _wino_run(x5, u, group, cg, mg, mt, pt, pl, gemm, bias, out):
         threads.parallel_for(out_chunk, len(mblocks))
 
 
-def _phase_shift(x5, pw: _ConvWeights, g, bias, out, epi=None):
+def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
     nb = x5.shape[0]
     cg, mg = g["cg"], g["mg"]
     _, kh, kw = g["k"]
@@ -1293,54 +1153,46 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out, epi=None):
                 ap = pw.packed(("mat", gi), pw.mat[gi])
                 if blocks is not None:
 
-                    def imp_cols(i, ap=ap, gi=gi, out_n=out_n, n=n):
+                    def imp_cols(i, ap=ap, gi=gi, out_n=out_n):
                         lo, hi, r0, r1 = blocks[i]
                         gemm_rows(ap, mg, xflat, rowoff, acc, lo, hi, init=True)
                         _crop_rows(acc, oh, wq, oh, ow, bias, gi * mg, r0, r1, out_n)
-                        if epi is not None:
-                            epi.rows(n, gi * mg, gi * mg + mg, r0, r1)
 
                     threads.parallel_for(imp_cols, len(blocks))
                 else:
 
-                    def imp_rows(i, ap=ap, gi=gi, out_n=out_n, n=n):
+                    def imp_rows(i, ap=ap, gi=gi, out_n=out_n):
                         p0, p1 = pblocks[i]
                         gemm_rows(ap, mg, xflat, rowoff, acc, 0, ncols, p0, p1, init=True)
                         _crop_planes(acc, oh, wq, oh, ow, bias, gi * mg, p0 * MR, min(mg, p1 * MR), out_n)
-                        if epi is not None:
-                            epi.channels(n, n + 1, gi * mg + p0 * MR, gi * mg + min(mg, p1 * MR))
 
                     threads.parallel_for(imp_rows, len(pblocks))
                 continue
             wg = taps[gi]
             if blocks is not None:
 
-                def col_chunk(i, wg=wg, gi=gi, out_n=out_n, n=n):
+                def col_chunk(i, wg=wg, gi=gi, out_n=out_n):
                     lo, hi, r0, r1 = blocks[i]
                     dst = acc[:, lo:hi]
                     for t, off in enumerate(offsets):
                         pw.gemm(("tap", gi, t), wg[t], xp[:, off + lo:off + hi], dst, parallel=False, init=t == 0)
                     _crop_rows(acc, oh, wq, oh, ow, bias, gi * mg, r0, r1, out_n)
-                    if epi is not None:
-                        epi.rows(n, gi * mg, gi * mg + mg, r0, r1)
 
                 threads.gemm_for(col_chunk, len(blocks))
             else:
 
-                def row_chunk(i, wg=wg, gi=gi, out_n=out_n, n=n):
+                def row_chunk(i, wg=wg, gi=gi, out_n=out_n):
                     ma, mb = mblocks[i]
                     dst = acc[ma:mb]
                     for t, off in enumerate(offsets):
                         pw.gemm(("tap", gi, t, ma), wg[t][ma:mb], xp[:, off:off + ncols], dst, parallel=False,
                                 init=t == 0)
                     _crop_planes(acc, oh, wq, oh, ow, bias, gi * mg, ma, mb, out_n)
-                    if epi is not None:
-                        epi.channels(n, n + 1, gi * mg + ma, gi * mg + mb)
 
                 threads.gemm_for(row_chunk, len(mblocks))
 
 
-def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None):
+def _blocked_conv(x5, pw: _ConvWeights, g, bias, out):
     """A 2-D stride-1 convolution by the channel-blocked direct kernel, image by image: the input
     reordered into blocks of 8 channels (in parallel by blocks), then blocks of output rows
     (wide outputs) or of 16 output channels into a planar accumulator of the padded width, each
@@ -1367,24 +1219,20 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None):
             blocked.reorder8(xf, xo + b0 * blocked.CB * h * w, (b1 - b0) * blocked.CB, h, w, plane, hp, wp, pt, pl,
                              x8, b0 * plane * blocked.CB)
 
-        def part(i, on=on, n=n):
+        def part(i, on=on):
             a, b = blocks[i]
             if wide:  # output rows [a, b), every channel block
                 blocked.conv8(x8, 0, wb, cb, plane, wp, kh, kw, m, hp * wp, 0, nbk, a * wp, b * wp, accf, 0)
                 _crop_rows(acc, hp, wp, oh, ow, bias, 0, a, b, on)
-                if epi is not None:
-                    epi.rows(n, 0, m, a, b)
             else:  # channel blocks [a, b), every position
                 blocked.conv8(x8, 0, wb, cb, plane, wp, kh, kw, m, hp * wp, a, b, 0, oh * wp, accf, 0)
                 _crop_planes(acc, hp, wp, oh, ow, bias, 0, a * blocked.MB, b * blocked.MB, on)
-                if epi is not None:
-                    epi.channels(n, n + 1, a * blocked.MB, b * blocked.MB)
 
         threads.parallel_for(reorder, len(cblocks))
         threads.parallel_for(part, len(blocks))
 
 
-def _shift(x5, pw: _ConvWeights, g, bias, out, epi=None):
+def _shift(x5, pw: _ConvWeights, g, bias, out):
     nb = x5.shape[0]
     cg, mg = g["cg"], g["mg"]
     _, kh, kw = g["k"]
@@ -1438,8 +1286,6 @@ def _shift(x5, pw: _ConvWeights, g, bias, out, epi=None):
                 gemm_narrow_panels(apn, mg, rowoff.shape[0], xflat_ro, rowoff, acc.reshape(-1), ncols, ncols, q0, q1,
                                    True, zeros, wp, ow)  # the crop reads the first ow of each wp
                 _crop_planes(acc, hp, wp, oh, ow, bias, gi * mg, q0 * CW, min(mg, q1 * CW), out)
-                if epi is not None:
-                    epi.channels(0, nb, gi * mg + q0 * CW, gi * mg + min(mg, q1 * CW))
 
             threads.parallel_for(nar_rows, len(qblocks))
             continue
@@ -1451,8 +1297,6 @@ def _shift(x5, pw: _ConvWeights, g, bias, out, epi=None):
                     lo, hi, r0, r1 = blocks[i]
                     gemm_rows(ap, mg, xflat, rowoff, acc, lo, hi, init=True)
                     _crop_rows(acc, hp, wp, oh, ow, bias, gi * mg, r0, r1, out)
-                    if epi is not None:
-                        epi.rows(0, gi * mg, gi * mg + mg, r0, r1, hp)
 
                 threads.parallel_for(imp_cols, len(blocks))
             else:
@@ -1461,8 +1305,6 @@ def _shift(x5, pw: _ConvWeights, g, bias, out, epi=None):
                     p0, p1 = pblocks[i]
                     gemm_rows(ap, mg, xflat, rowoff, acc, 0, ncols, p0, p1, init=True)
                     _crop_planes(acc, hp, wp, oh, ow, bias, gi * mg, p0 * MR, min(mg, p1 * MR), out)
-                    if epi is not None:
-                        epi.channels(0, nb, gi * mg + p0 * MR, gi * mg + min(mg, p1 * MR))
 
                 threads.parallel_for(imp_rows, len(pblocks))
             continue
@@ -1475,8 +1317,6 @@ def _shift(x5, pw: _ConvWeights, g, bias, out, epi=None):
                 for t, off in enumerate(offsets):
                     pw.gemm(("tap", gi, t), wg[t], xp[:, off + lo:off + hi], dst, parallel=False, init=t == 0)
                 _crop_rows(acc, hp, wp, oh, ow, bias, gi * mg, r0, r1, out)
-                if epi is not None:
-                    epi.rows(0, gi * mg, gi * mg + mg, r0, r1, hp)
 
             threads.gemm_for(col_chunk, len(blocks))
         else:
@@ -1488,8 +1328,6 @@ def _shift(x5, pw: _ConvWeights, g, bias, out, epi=None):
                     pw.gemm(("tap", gi, t, ma), wg[t][ma:mb], xp[:, off:off + ncols], dst, parallel=False,
                             init=t == 0)
                 _crop_planes(acc, hp, wp, oh, ow, bias, gi * mg, ma, mb, out)
-                if epi is not None:
-                    epi.channels(0, nb, gi * mg + ma, gi * mg + mb)
 
             threads.gemm_for(row_chunk, len(mblocks))
 

@@ -568,36 +568,11 @@ def pack_a(a: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _tile_epilogue(c, r, has_res, relu, i0, i1, j0, j1):
-    """``c[i, j] = relu(c[i, j] + r[i, j])`` over a finished tile (``has_res``/``relu`` off: skipped)."""
-    zero = np.float32(0)
-    # one loop per case, so that each vectorises
-    if has_res and relu:
-        for i in range(i0, i1):
-            for j in range(j0, j1):
-                v = c[i, j] + r[i, j]
-                c[i, j] = zero if v < zero else v
-    elif has_res:
-        for i in range(i0, i1):
-            for j in range(j0, j1):
-                c[i, j] += r[i, j]
-    elif relu:
-        for i in range(i0, i1):
-            for j in range(j0, j1):
-                v = c[i, j]
-                c[i, j] = zero if v < zero else v
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _gemm_direct(ap, m, k, b, c, j_lo, j_hi, ip_lo, ip_hi, bias, init, r, has_res, relu):
+def _gemm_direct(ap, m, k, b, c, j_lo, j_hi, ip_lo, ip_hi, bias, init):
     """``c[rows, j_lo:j_hi] (+)= A[rows] @ b[:, j_lo:j_hi]`` for the rows of A's panels
     ``[ip_lo, ip_hi)``: with ``init`` the result (plus ``bias[row]``) replaces ``c``, else it is
     added. B is read in place (unit column stride); a partial last column panel is copied
-    (zero-padded) once per depth block. ``bias`` holds at least ``mp*MR`` values. Then, with
-    ``has_res`` and/or ``relu``, ``c = relu(c + r)`` (``r`` shaped as ``c``) on each tile right
-    after its last depth block (a fused epilogue, while the tile is in cache)."""
-    epi = has_res or relu
-    last = (k + _KC - 1) // _KC - 1
+    (zero-padded) once per depth block. ``bias`` holds at least ``mp*MR`` values."""
     mp = (m + MR - 1) // MR
     ldc = c.strides[0] // 4
     ldb = b.strides[0] // 4
@@ -647,8 +622,6 @@ def _gemm_direct(ap, m, k, b, c, j_lo, j_hi, ip_lo, ip_hi, bias, init, r, has_re
                                     c[i0 + i, j0 + j] = tile[i * NR + j] + bias[i0 + i]
                                 else:
                                     c[i0 + i, j0 + j] += tile[i * NR + j]
-                if epi and pcb == last:
-                    _tile_epilogue(c, r, has_res, relu, ib * MR, min(m, ie * MR), j0, j0 + jn)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -744,16 +717,13 @@ def gemm_rows(ap: np.ndarray, m: int, b: np.ndarray, rowoff: np.ndarray, c: np.n
 
 
 def gemm_acc(ap: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray, parallel: bool = True,
-             init: bool = False, bias: np.ndarray | None = None, res: np.ndarray | None = None,
-             relu: bool = False) -> None:
+             init: bool = False, bias: np.ndarray | None = None) -> None:
     """``c += A @ b`` (float32) with ``A`` (M, K) packed by :func:`pack_a`; with ``init``,
     ``c = A @ b + bias[:, None]`` instead (``c`` is not read; no bias: zero).
 
     ``b`` (K, N) and ``c`` (M, N) are 2-D float32 views with unit column stride (any row
     stride). Wide outputs are split into column blocks, narrow ones into row blocks, over the
     pool (``parallel=False``: one call on the calling thread, for use inside a chunk).
-    A fused epilogue follows: ``c = relu(c + res)`` (``res`` a float32 array shaped as ``c``,
-    or ``None``; ``relu``), applied to each tile of ``c`` once it is final, while it is in cache.
     """
     n = b.shape[1]
     if m == 0 or n == 0:
@@ -762,38 +732,19 @@ def gemm_acc(ap: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray, paral
     bb = np.zeros(mp * MR, np.float32)
     if bias is not None:
         bb[:m] = bias
-    has_res = res is not None
-    r = _NO_RES if res is None else _read_only(res)
     if k == 0:
         if init:
             c[...] = bb[:m, None]
-        if has_res or relu:
-            _tile_epilogue(c, r, has_res, relu, 0, m, 0, n)
         return
     nt = threads.num_threads() if parallel and m * n * k >= _PARALLEL_MIN_MACS else 1
     if nt == 1:
-        _gemm_direct(ap, m, k, b, c, 0, n, 0, mp, bb, init, r, has_res, relu)
+        _gemm_direct(ap, m, k, b, c, 0, n, 0, mp, bb, init)
     elif n >= 2 * NR * nt:
         blocks = split(n, 2 * nt, NR)
-        threads.parallel_for(lambda i: _gemm_direct(ap, m, k, b, c, *blocks[i], 0, mp, bb, init, r, has_res, relu),
-                             len(blocks))
+        threads.parallel_for(lambda i: _gemm_direct(ap, m, k, b, c, *blocks[i], 0, mp, bb, init), len(blocks))
     else:
         blocks = split(mp, 2 * nt)
-        threads.parallel_for(lambda i: _gemm_direct(ap, m, k, b, c, 0, n, *blocks[i], bb, init, r, has_res, relu),
-                             len(blocks))
-
-
-_NO_RES = np.zeros((1, 1), np.float32)
-_NO_RES.flags.writeable = False
-_NO_RES_FLAT = _NO_RES.reshape(-1)
-
-
-def _read_only(x: np.ndarray) -> np.ndarray:
-    """A read-only view (an input-only array is always typed read-only: one compiled specialisation)."""
-    if x.flags.writeable:
-        x = x.view()
-        x.flags.writeable = False
-    return x
+        threads.parallel_for(lambda i: _gemm_direct(ap, m, k, b, c, 0, n, *blocks[i], bb, init), len(blocks))
 
 
 def pack(w: np.ndarray, wo: int, m: int, k: int, ld: int) -> np.ndarray:
@@ -924,10 +875,7 @@ def _narrow_tiles(j_lo, j_hi, period, valid):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _gemm_narrow(wt, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, period, valid, accumulate, bias,
-                 res, ro, ldr, has_res, relu):
-    # without accumulate, a fused epilogue on each stored value: relu(value + res[ro + row*ldr + col])
-    zero = np.float32(0)
+def _gemm_narrow(wt, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, period, valid, accumulate, bias):
     first, count = _narrow_tiles(j_lo, j_hi, period, valid)
     nt = first.shape[0]
     s = np.empty(max(1, nt) * TR * CW, np.float32)
@@ -951,20 +899,11 @@ def _gemm_narrow(wt, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, period, valid, a
                 base = o + first[t]
                 src = t * TR * CW + i
                 if accumulate:
-                    for q in range(count[t]):
-                        c[base + q] += s[src + q * CW]
-                elif has_res or relu:
-                    rb = ro + (iq * CW + i) * ldr + first[t]
-                    for q in range(count[t]):
-                        v = s[src + q * CW] + bi
-                        if has_res:
-                            v += res[rb + q]
-                        if relu and v < zero:
-                            v = zero
-                        c[base + q] = v
+                    for r in range(count[t]):
+                        c[base + r] += s[src + r * CW]
                 else:
-                    for q in range(count[t]):
-                        c[base + q] = s[src + q * CW] + bi
+                    for r in range(count[t]):
+                        c[base + r] = s[src + r * CW] + bi
 
 
 _ZEROS = np.zeros(0, np.float32)
@@ -1026,7 +965,7 @@ def gemm_narrow(wt: np.ndarray, m: int, k: int, b: np.ndarray, bo: int, rows: np
         bb[:m] = bias
         bb.flags.writeable = False  # one compiled specialisation: the bias is always read-only
     _gemm_narrow(wt, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, period, valid if period > 0 else 0,
-                 accumulate, bb, _NO_RES_FLAT, 0, 0, False, False)
+                 accumulate, bb)
 
 
 def _flat(x: np.ndarray) -> np.ndarray:
@@ -1038,11 +977,9 @@ def _flat(x: np.ndarray) -> np.ndarray:
 
 
 def gemm_narrow_acc(wt: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray, parallel: bool = True,
-                    init: bool = False, bias: np.ndarray | None = None, res: np.ndarray | None = None,
-                    relu: bool = False) -> None:
+                    init: bool = False, bias: np.ndarray | None = None) -> None:
     """:func:`gemm_acc` with ``A`` packed by :func:`pack_narrow`: ``c (+)= A @ b`` for 2-D float32
-    views ``b`` (K, N) and ``c`` (M, N) with unit column stride, split over the pool by CW-row
-    panels; the fused epilogue (``res``, ``relu``; with ``init`` only) as :func:`gemm_acc`'s."""
+    views ``b`` (K, N) and ``c`` (M, N) with unit column stride, split over the pool by CW-row panels."""
     n = c.shape[1]
     if m == 0 or n == 0:
         return
@@ -1059,26 +996,18 @@ def gemm_narrow_acc(wt: np.ndarray, m: int, k: int, b: np.ndarray, c: np.ndarray
     bb.flags.writeable = False  # as gemm_narrow's (one compiled specialisation)
     nt = threads.num_threads() if parallel and m * n * k >= _PARALLEL_MIN_MACS else 1
     blocks = split(mq, nt)
-    if res is None:
-        rflat, ldr = _NO_RES_FLAT, 0
-    else:
-        rflat, ldr = _read_only(_flat(res)), res.strides[0] // 4
-    has_res = res is not None
-    threads.parallel_for(lambda i: gemm_narrow_panels(wt, m, k, bflat, rowoff, cflat, ldc, n, *blocks[i], init, bb,
-                                                      res=rflat, ldr=ldr, has_res=has_res, relu=relu), len(blocks))
+    threads.parallel_for(lambda i: gemm_narrow_panels(wt, m, k, bflat, rowoff, cflat, ldc, n, *blocks[i], init, bb),
+                         len(blocks))
 
 
 def gemm_narrow_panels(wt: np.ndarray, m: int, k: int, b: np.ndarray, rowoff: np.ndarray, c: np.ndarray, ldc: int,
-                       n: int, q0: int, q1: int, init: bool, bias: np.ndarray, period: int = 0, valid: int = 0, *,
-                       res: np.ndarray | None = None, ldr: int = 0, has_res: bool = False, relu: bool = False) -> None:
+                       n: int, q0: int, q1: int, init: bool, bias: np.ndarray, period: int = 0, valid: int = 0) -> None:
     """Rows ``[q0*CW, q1*CW)`` (CW-row panels ``q0`` to ``q1``) of :func:`gemm_narrow_acc`'s product
     on flat buffers, on the calling thread: C's first ``n`` columns, row stride ``ldc``; ``bias``
     holds at least ``q1*CW`` values (added when ``init``); ``period``, ``valid``: as for
-    :func:`gemm_narrow`. With ``init``, ``has_res`` and/or ``relu``: the fused epilogue, the
-    residual a flat read-only buffer laid out as ``c`` with row stride ``ldr``."""
+    :func:`gemm_narrow`."""
     _gemm_narrow(wt[q0 * k * CW:], min(m, q1 * CW) - q0 * CW, k, b, 0, rowoff, c, q0 * CW * ldc, ldc, 0, n,
-                 period, valid, 0 if init else 1, bias[q0 * CW:], _NO_RES_FLAT if res is None else res,
-                 q0 * CW * ldr, ldr, has_res, relu)
+                 period, valid, 0 if init else 1, bias[q0 * CW:])
 
 
 def use_own_gemm(m: int, n: int, k: int) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from byoc.kernels import gemm, threads
-from byoc.kernels.gemm import _NO_RES_FLAT, CW, _gemm_narrow, _gemm_table
+from byoc.kernels.gemm import CW, _gemm_narrow, _gemm_table
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
@@ -160,7 +160,7 @@ def wgemm_packed(narrow, wp, m, k, b, bo, rows, c, co, ldc, lo, hi, accumulate, 
     if narrow:
         zero_bias = np.zeros(-(-m // CW) * CW, np.float32)
         _gemm_narrow(wp, m, k, b, bo, rows, c, co, ldc, lo, hi, period, valid if period > 0 else 0, accumulate,
-                     zero_bias, _NO_RES_FLAT, 0, 0, False, False)
+                     zero_bias)
     else:
         _gemm_table(wp, m, k, b, bo, rows, c, co, ldc, lo, hi, accumulate)
 
