@@ -135,8 +135,9 @@ def test_blocked_layout_runs_inside_the_compiled_segment(compiled):
     bodies = re.findall(r"^def native\d+\(.*?(?=^\S)", source, re.S | re.M)
     assert any("K.conv8(" in body and "K.reorder8(" in body for body in bodies)
     x = np.random.default_rng(3).standard_normal((1, 8, 40, 40)).astype(np.float32)
-    np.testing.assert_array_equal(on.run({"x": x})["y"], off.run({"x": x})["y"])
-    np.testing.assert_allclose(on.run({"x": x})["y"], onnxruntime_run(model, {"x": x})[0], rtol=1e-4, atol=1e-6)
+    got = on.run({"x": x})["y"]
+    np.testing.assert_array_equal(got, off.run({"x": x})["y"])
+    np.testing.assert_allclose(got, onnxruntime_run(model, {"x": x})[0], rtol=1e-4, atol=1e-6)
 
 
 def test_auto_compiles_only_regions_with_enough_parallel_steps(monkeypatch):

@@ -465,8 +465,8 @@ class Emitter:
         (:func:`native_step`) is one compiled function, ``nativeN``, that each pool thread enters
         (:func:`byoc.kernels.threads.run_spmd`): the threads claim the chunks of each ``par`` step
         and the steps between them through atomic counters in ``sync``, with no Python and no GIL
-        between the steps. The steps it cannot make (OpenBLAS calls, Winograd)
-        run from Python between those functions."""
+        between the steps. The steps it cannot make (OpenBLAS calls, Winograd) run from Python
+        between those functions."""
         p = self.program
         n_in, n_out, n_tab = len(p["inputs"]), len(p["out_sizes"]), len(p["rows"])
         segments: list[list[dict[str, Any]]] = []  # runs of steps alike in native_step
