@@ -14,20 +14,22 @@ from byoc.kernels import blocked
 @st.composite
 def cases(draw):
     c = 8 * draw(st.integers(1, 4))
-    m = 16 * draw(st.integers(1, 3))
+    mb = draw(st.sampled_from([blocked.MB, blocked.MB_WIDE]))  # conv8, conv16
+    m = mb * draw(st.integers(1, 3))
     kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     h, w = draw(st.integers(1, 9)), draw(st.integers(1, 9))
     pt, pb, pl, pr = (draw(st.integers(0, 3)) for _ in range(4))
     if h + pt + pb < kh or w + pl + pr < kw:
         pb, pr = kh, kw
     parts = draw(st.integers(1, 3))
-    return c, m, kh, kw, h, w, pt, pb, pl, pr, parts, draw(st.booleans()), draw(st.integers(0, 2**31 - 1))
+    return mb, c, m, kh, kw, h, w, pt, pb, pl, pr, parts, draw(st.booleans()), draw(st.integers(0, 2**31 - 1))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(cases())
-def test_conv8_matches_reference(case):
-    c, m, kh, kw, h, w, pt, pb, pl, pr, parts, by_channels, seed = case
+def test_blocked_kernels_match_reference(case):
+    mb, c, m, kh, kw, h, w, pt, pb, pl, pr, parts, by_channels, seed = case
+    kernel = blocked.kernel_for(mb)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((c, h, w)).astype(np.float32)
     wt = rng.standard_normal((m, c, kh, kw)).astype(np.float32)
@@ -40,16 +42,16 @@ def test_conv8_matches_reference(case):
     blocked.reorder8(xf, xo, c, h, w, L, hp, wp, pt, pl, x8, xo)
     ncols = oh * wp
     y = np.full(yo + m * ncols, np.nan, np.float32)
-    wb = blocked.blocked_weights(wt)
-    nb = m // 16
+    wb = blocked.blocked_weights(wt, mb)
+    nb = m // mb
     if by_channels:
         cuts = np.linspace(0, nb, parts + 1).astype(int)
         for a, b in zip(cuts[:-1], cuts[1:]):
-            blocked.conv8(x8, xo, wb, c // 8, L, wp, kh, kw, m, ncols, a, b, 0, ncols, y, yo)
+            kernel(x8, xo, wb, c // 8, L, wp, kh, kw, m, ncols, a, b, 0, ncols, y, yo)
     else:
         cuts = np.linspace(0, oh, parts + 1).astype(int) * wp
         for a, b in zip(cuts[:-1], cuts[1:]):
-            blocked.conv8(x8, xo, wb, c // 8, L, wp, kh, kw, m, ncols, 0, nb, a, b, y, yo)
+            kernel(x8, xo, wb, c // 8, L, wp, kh, kw, m, ncols, 0, nb, a, b, y, yo)
     xp = np.zeros((c, hp, wp), np.float64)
     xp[:, pt:pt + h, pl:pl + w] = x
     ref = np.zeros((m, oh, ow))
@@ -67,6 +69,23 @@ def test_blocked_weights_is_a_transpose_of_the_weights_bytes():
     np.testing.assert_array_equal(blocked.blocked_weights(wt), wt.reshape(shape).transpose(axes).ravel())
     assert blocked.applies(16, 32, 1, 3, 3, 1, 1, 1, 1)
     assert not blocked.applies(12, 32, 1, 3, 3, 1, 1, 1, 1) and not blocked.applies(16, 32, 1, 3, 3, 2, 2, 1, 1)
+    shape, axes = blocked.blocked_weights_axes(*wt.shape, blocked.MB_WIDE)
+    assert shape[1] == blocked.MB_WIDE
+    np.testing.assert_array_equal(blocked.blocked_weights(wt, blocked.MB_WIDE), wt.reshape(shape).transpose(axes).ravel())
+
+
+@pytest.mark.parametrize("wide, env, m, positions, want", [
+    (True, "", 64, 196, 32), (True, "", 64, 49, 0), (True, "", 48, 196, 0), (True, "1", 48, 49, 16),
+    (False, "", 48, 49, 16), (False, "", 64, 196, 16), (True, "", 64, 196, 32),
+])
+def test_preferred_form(monkeypatch, wide, env, m, positions, want):
+    # full-rate AVX-512: the wide form for whole blocks of 32 and big enough outputs, else the GEMMs
+    # (unless forced); elsewhere the 8-wide form
+    monkeypatch.setattr(blocked, "WIDE", wide)
+    monkeypatch.setattr(blocked, "_ENV", env)
+    monkeypatch.setattr(blocked, "PAYS", env != "0")
+    assert blocked.preferred(16, m, 1, 3, 3, 1, 1, 1, 1, positions) == want
+    assert blocked.preferred(16, m, 1, 3, 3, 2, 2, 1, 1, positions) == 0  # strided: never
 
 
 @pytest.mark.parametrize("c, h, w, pt, pl, pb, pr", [(5, 3, 4, 1, 2, 0, 1), (8, 1, 1, 0, 0, 0, 0), (13, 4, 2, 2, 0, 1, 3)])
@@ -86,10 +105,12 @@ def test_reorder8_zero_pads_channels_and_plane(c, h, w, pt, pl, pb, pr):
     assert (planes[:, hp * wp:, :] == 0).all() and np.isnan(y[:2]).all() and np.isnan(y[2 + nb * L * 8:]).all()
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @settings(max_examples=12, deadline=None)
-@given(st.integers(1, 2), st.sampled_from([(16, 32, 3), (8, 16, 5), (24, 48, 2)]), st.integers(5, 30),
+@given(st.integers(1, 2), st.sampled_from([(16, 32, 3), (8, 16, 5), (24, 48, 2), (16, 64, 3)]), st.integers(5, 30),
        st.lists(st.integers(0, 2), min_size=4, max_size=4), st.integers(0, 2**31 - 1))
-def test_host_conv_takes_the_blocked_kernel(n, cmk, hw, pads, seed):
+def test_host_conv_takes_the_blocked_kernel(wide, n, cmk, hw, pads, seed):
+    # both forms on any CPU: the wide one (16-float vectors) is only slower where they are split
     from byoc.kernels import conv
     from byoc.testing.oracle import assert_close, run_byoc, run_onnxruntime, single_node_model
 
@@ -104,9 +125,15 @@ def test_host_conv_takes_the_blocked_kernel(n, cmk, hw, pads, seed):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv, "_blocked_conv", lambda *a: (calls.append(1), real(*a)))
         mp.setattr("byoc.kernels.blocked.PAYS", True)  # the rule where the kernel pays, on any CPU
+        mp.setattr("byoc.kernels.blocked.WIDE", wide)
+        mp.setattr("byoc.kernels.blocked._ENV", "")
         got = run_byoc(model, feeds)
     wp = hw + 3 + pads[1] + pads[3]
-    assert bool(calls) == (wp <= 1.5 * (wp - k + 1))  # taken wherever the padded width wastes little
+    oh, ow = hw + pads[0] + pads[2] - k + 1, wp - k + 1
+    # taken wherever the padded width wastes little; the wide form for whole blocks of 32 channels
+    # and outputs of at least WIDE_MIN_POSITIONS pixels (else byoc's GEMMs are faster there)
+    form_ok = not wide or (m % blocked.MB_WIDE == 0 and oh * ow >= blocked.WIDE_MIN_POSITIONS)
+    assert bool(calls) == (wp <= 1.5 * ow and form_ok)
     assert_close(got, run_onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
 
 

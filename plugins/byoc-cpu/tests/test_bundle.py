@@ -252,14 +252,16 @@ def _assert_refused_with(model, strategy: str, kind: str, index: int, value: int
         verify(program)
 
 
+@pytest.mark.parametrize("wide, kind", [(False, "conv8"), (True, "conv16")])
 @pytest.mark.parametrize("index, value", [(10, 10**6), (1, 5), (8, 9), (5, 10**6), (6, 1), (0, 10**4)])
-def test_verifier_refuses_a_blocked_conv_reaching_past_its_buffers(index, value):
-    # conv8 args: cb, plane, wp, kh, kw, m, ldc, mb0, mb1, t0, t1; each change reads or writes
-    # past a buffer (positions, the plane's slack, channel blocks, the weights, the output)
+def test_verifier_refuses_a_blocked_conv_reaching_past_its_buffers(monkeypatch, wide, kind, index, value):
+    # conv8 / conv16 args: cb, plane, wp, kh, kw, m, ldc, mb0, mb1, t0, t1; each change reads or
+    # writes past a buffer (positions, the plane's slack, channel blocks, the weights, the output)
+    monkeypatch.setattr("byoc.kernels.blocked.WIDE", wide)
     rng = np.random.default_rng(0)
     model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])], {"x": (1, 16, 12, 12)},
                        ["y"], {"W": rng.standard_normal((32, 16, 3, 3)).astype(np.float32)})
-    _assert_refused_with(model, "blocked", "conv8", index, value)
+    _assert_refused_with(model, "blocked", kind, index, value)
 
 
 @pytest.mark.parametrize("index, value", [(0, 10**4), (3, 1), (8, 10**5), (9, 10**5), (2, 10**6)])

@@ -190,7 +190,7 @@ def test_core_micro_kernel_is_the_one_called(strategy):
 def blocked_convs(draw):
     """Convolutions the channel-blocked kernel takes (stride 1, channels in blocks of 8 and 16),
     with a bias, a residual Add and an activation in some, batch 1 or 2."""
-    c, m = 8 * draw(st.integers(1, 3)), 16 * draw(st.integers(1, 2))
+    c, m = 8 * draw(st.integers(1, 3)), 16 * draw(st.integers(1, 4))  # m = 32, 64: the wide form too
     kh, kw = draw(st.sampled_from([(3, 3), (1, 3), (3, 1), (2, 2), (5, 5)]))
     pads = [draw(st.integers(0, 2)) for _ in range(4)]
     h, w = draw(st.integers(kh, 20)), draw(st.integers(kw, 20))
@@ -206,24 +206,33 @@ def blocked_convs(draw):
     return make_model(nodes, inputs, ["y"], inits), feeds, draw(st.sampled_from([1, 2]))
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @settings(max_examples=20)
 @given(blocked_convs())
-def test_blocked_conv_matches_onnxruntime(case):
+def test_blocked_conv_matches_onnxruntime(wide, case):
+    # both forms on any CPU (the wide one for m a multiple of 32; its 16-float vectors are split
+    # where the CPU has no AVX-512)
     model, feeds, threads = case
-    cpu = compile_cpu(model, conv_strategy="blocked", threads=threads)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("byoc.kernels.blocked.WIDE", wide)
+        cpu = compile_cpu(model, conv_strategy="blocked", threads=threads)
     assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
 
 
-def test_auto_takes_the_blocked_kernel_where_it_applies():
+@pytest.mark.parametrize("wide, kind", [(False, "conv8"), (True, "conv16")])
+def test_auto_takes_the_blocked_kernel_where_it_applies(wide, kind):
     rng = np.random.default_rng(4)
     model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])], {"x": (1, 16, 30, 30)},
                        ["y"], {"W": (rng.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32)})
     feeds = {"x": rng.standard_normal((1, 16, 30, 30)).astype(np.float32)}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("byoc.kernels.blocked.PAYS", True)  # the rule where the kernel pays, on any CPU
+        mp.setattr("byoc.kernels.blocked.WIDE", wide)
+        mp.setattr("byoc.kernels.blocked._ENV", "")
         cpu = compile_cpu(model, threads=2)
     (region,) = cpu.regions
     assert "conv, blocked" in region.artifact.metadata["source"]
+    assert f"K.{kind}(" in region.artifact.metadata["source"]
     assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
 
 

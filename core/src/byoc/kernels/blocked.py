@@ -15,6 +15,12 @@ so one tap is one fixed offset into the plane and a tile may span rows.
 Measured on the development machine (AVX2, one core, ResNet-50's 3x3 shapes 56x56x64 to
 7x7x512): 62-89 GFLOP/s against 49-77 for the shift strategy's OpenBLAS GEMMs on the same
 planar output (docs/speed.md, round five).
+
+The wide form (:func:`conv16`) is the same kernel in 16-float vectors for CPUs that run them at
+full rate (:data:`WIDE`): tiles of 8 pixels x 32 channels in sixteen registers, weights blocked
+``[M/32][C/8][kh][kw][8][32]``, the input layout unchanged. On an Intel Xeon with AVX-512
+(one core, the same shapes): 123-163 GFLOP/s, against 80-108 for the 8-wide form and OpenBLAS's
+square SGEMM at 153 (docs/speed.md, round ten).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ _U = np.uint64  # unsigned indices: no negative-index wraparound, so LLVM vector
 MR, NV, VW, CB = 6, 2, 8, 8
 #: output channels per weight block
 MB = NV * VW
+#: the wide form (:func:`conv16`, 16-float vectors): pixels per tile, output channels per block
+MR_WIDE, MB_WIDE = 8, 32
 
 #: CPUs whose AVX-512 units split each 512-bit FMA into two 256-bit halves (LLVM's CPU names):
 #: there byoc's 16-wide GEMM has no more FMA throughput than this 8-wide kernel, and this one
@@ -43,24 +51,63 @@ MB = NV * VW
 HALF_RATE_512 = frozenset({"znver4"})
 
 
-def _pays() -> bool:
-    env = os.environ.get("BYOC_BLOCKED_CONV", "")
-    if env in ("0", "1"):
-        return env == "1"
-    if not FULL_WIDTH:
-        return True
+def _cpu_name() -> str:
     try:
         from llvmlite import binding as llvm
 
-        return llvm.get_host_cpu_name() in HALF_RATE_512
+        return llvm.get_host_cpu_name()
     except Exception:  # pragma: no cover - exotic platforms
-        return False
+        return ""
 
 
-#: whether the host kernels and byoc-cpu prefer this kernel where it :func:`applies`: CPUs
-#: without AVX-512 (against OpenBLAS) and those in :data:`HALF_RATE_512`; not where byoc's
-#: 16-wide GEMM runs at full rate. ``BYOC_BLOCKED_CONV=0``/``1`` decides instead.
+#: whether this CPU runs 16-float vectors at full rate (AVX-512, not in :data:`HALF_RATE_512`):
+#: there the wide form (:func:`conv16`) is the one that pays; elsewhere :func:`conv8`
+WIDE = FULL_WIDTH and _cpu_name() not in HALF_RATE_512
+_ENV = os.environ.get("BYOC_BLOCKED_CONV", "")
+
+
+def _pays() -> bool:
+    return os.environ.get("BYOC_BLOCKED_CONV", "") != "0"
+
+
+#: whether the host kernels and byoc-cpu prefer this kernel where it :func:`applies` (with the
+#: block :func:`block_for` gives): on every CPU measured so far, against OpenBLAS (AVX2), against
+#: byoc's 16-wide GEMM on Zen 4 (the 8-wide form) and on full-rate AVX-512 (the wide form: on an
+#: Intel Xeon, ResNet-50's 3x3 shapes at 123-163 GFLOP/s on one core, docs/speed.md round ten).
+#: ``BYOC_BLOCKED_CONV=0``/``1`` decides instead.
 PAYS = _pays()
+
+
+def block_for(m: int) -> int:
+    """Output channels per weight block for ``m`` output channels on this CPU: :data:`MB_WIDE`
+    (:func:`conv16`) where :data:`WIDE` and ``m`` is a multiple of it, else :data:`MB` (:func:`conv8`)."""
+    return MB_WIDE if WIDE and m % MB_WIDE == 0 else MB
+
+
+#: on a :data:`WIDE` CPU, the blocked kernel from this many output positions: below, byoc's
+#: narrow-output GEMM is faster (ResNet-50's 512 -> 512 3x3 at 7x7 on 2 threads: 1.30 ms blocked
+#: against 1.15; at 14x14: 1.06 against 1.13)
+WIDE_MIN_POSITIONS = 100
+
+
+def preferred(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int,
+              positions: int) -> int:
+    """The block (:func:`block_for`) byoc's kernels run this convolution (``positions`` output
+    pixels per image) with by default, or 0 where they prefer another strategy: where the kernel
+    does not apply or :data:`PAYS` is off, and on a :data:`WIDE` CPU where only the 8-wide form
+    would apply or the output is small (byoc's GEMMs are faster there), unless
+    ``BYOC_BLOCKED_CONV=1``."""
+    if not (PAYS and applies(c, m, group, kh, kw, sh, sw, dh, dw)):
+        return 0
+    mb = block_for(m)
+    if not WIDE or _ENV == "1":
+        return mb
+    return mb if mb == MB_WIDE and positions >= WIDE_MIN_POSITIONS else 0
+
+
+def tile_pixels(mb: int) -> int:
+    """Pixels per register tile of the form with ``mb`` output channels per block."""
+    return MR_WIDE if mb == MB_WIDE else MR
 
 
 def _transpose_store(builder, vty, rows, py, ldc, count):
@@ -90,7 +137,7 @@ def _transpose_store(builder, vty, rows, py, ldc, count):
     for k in range(8):
         dst = builder.gep(py, [builder.mul(ir.Constant(i64, k), ldc)])
         done = 0
-        for width in (4, 2, 1):
+        for width in (8, 4, 2, 1):
             if count - done >= width:
                 piece = shuf(cols[k], undef, list(range(done, done + width)))
                 pty = ir.VectorType(ir.FloatType(), width).as_pointer()
@@ -98,18 +145,14 @@ def _transpose_store(builder, vty, rows, py, ldc, count):
                 done += width
 
 
-@intrinsic
-def _tile(typingctx, ntap, x, xoff, toff, w, woff, tile, y, yo, ldc, direct):
-    """``acc[i, j] = sum_t sum_ci x[xoff + toff[t] + i*8 + ci] * w[woff + (t*8 + ci)*16 + j]``
-    for ``i < 6``, ``j < 16``, ``t < ntap`` in registers; then with ``direct`` stored transposed
-    straight into the planar output, ``y[yo + j*ldc + i] = acc[i, j]`` (a whole tile: 6 pixels,
-    16 channels), else into ``tile[i*16 + j]`` (for a partial tile, copied by the caller)."""
-    sig = types.void(types.intp, x, types.intp, toff, w, types.intp, tile, y, types.intp, types.intp,
-                     types.boolean)
+def _tile_codegen(mr: int, nv: int, vw: int):
+    """The LLVM IR of one register tile: ``mr`` pixels x ``nv`` vectors of ``vw`` output channels."""
+    mb = nv * vw
 
     def codegen(context, builder, signature, args):
         nt_v, x_v, xoff_v, to_v, w_v, woff_v, t_v, y_v, yo_v, ldc_v, direct_v = args
-        vty, fma, splat = ir_vector_ops(builder, VW)
+        vty, fma, splat = ir_vector_ops(builder, vw)
+        vty8 = ir.VectorType(ir.FloatType(), 8)
         vptr = vty.as_pointer()
         i64 = ir.IntType(64)
         px = builder.gep(context.make_array(signature.args[1])(context, builder, x_v).data, [xoff_v])
@@ -121,35 +164,64 @@ def _tile(typingctx, ntap, x, xoff, toff, w, woff, tile, y, yo, ldc, direct):
         def body(t, accs):
             cur = list(accs)
             xt = builder.gep(px, [builder.load(builder.gep(pto, [t]), align=8)])
-            wt = builder.gep(pw, [builder.mul(t, ir.Constant(i64, CB * MB))])
+            wt = builder.gep(pw, [builder.mul(t, ir.Constant(i64, CB * mb))])
             for ci in range(CB):
-                bv = [builder.load(builder.bitcast(builder.gep(wt, [ir.Constant(i64, ci * MB + v * VW)]), vptr),
-                                   align=4) for v in range(NV)]
-                for i in range(MR):
+                bv = [builder.load(builder.bitcast(builder.gep(wt, [ir.Constant(i64, ci * mb + v * vw)]), vptr),
+                                   align=4) for v in range(nv)]
+                for i in range(mr):
                     s = splat(builder.load(builder.gep(xt, [ir.Constant(i64, i * CB + ci)]), align=4))
-                    for v in range(NV):
-                        cur[i * NV + v] = fma(s, bv[v], cur[i * NV + v])
+                    for v in range(nv):
+                        cur[i * nv + v] = fma(s, bv[v], cur[i * nv + v])
             return cur
 
-        final = ir_accumulate(builder, nt_v, MR * NV, vty, body)
+        def half(vec, h):  # lanes [8h, 8h + 8) of a vector
+            if vw == 8:
+                return vec
+            mask = ir.Constant(ir.VectorType(ir.IntType(32), 8), list(range(8 * h, 8 * h + 8)))
+            return builder.shuffle_vector(vec, ir.Constant(vty, ir.Undefined), mask)
+
+        final = ir_accumulate(builder, nt_v, mr * nv, vty, body)
         with builder.if_else(direct_v) as (then, otherwise):
             with then:
-                for v in range(NV):
-                    base = builder.gep(py, [builder.mul(ir.Constant(i64, v * VW), ldc_v)])
-                    _transpose_store(builder, vty, [final[i * NV + v] for i in range(MR)], base, ldc_v, MR)
+                for v in range(nv):
+                    for h in range(vw // 8):
+                        for r0 in range(0, mr, 8):  # an 8x8 transpose per 8 channels and up to 8 pixels
+                            base = builder.gep(py, [builder.add(builder.mul(ir.Constant(i64, v * vw + 8 * h), ldc_v),
+                                                                ir.Constant(i64, r0))])
+                            rows = [half(final[i * nv + v], h) for i in range(r0, min(mr, r0 + 8))]
+                            _transpose_store(builder, vty8, rows, base, ldc_v, len(rows))
             with otherwise:
-                for i in range(MR * NV):
-                    dst = builder.gep(pt, [ir.Constant(i64, i * VW)])
+                for i in range(mr * nv):
+                    dst = builder.gep(pt, [ir.Constant(i64, i * vw)])
                     builder.store(final[i], builder.bitcast(dst, vptr), align=4)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+def _tile_sig(x, toff, w, tile, y):
+    return types.void(types.intp, x, types.intp, toff, w, types.intp, tile, y, types.intp, types.intp, types.boolean)
+
+
+@intrinsic
+def _tile(typingctx, ntap, x, xoff, toff, w, woff, tile, y, yo, ldc, direct):
+    """``acc[i, j] = sum_t sum_ci x[xoff + toff[t] + i*8 + ci] * w[woff + (t*8 + ci)*16 + j]``
+    for ``i < 6``, ``j < 16``, ``t < ntap`` in registers; then with ``direct`` stored transposed
+    straight into the planar output, ``y[yo + j*ldc + i] = acc[i, j]`` (a whole tile: 6 pixels,
+    16 channels), else into ``tile[i*16 + j]`` (for a partial tile, copied by the caller)."""
+    return _tile_sig(x, toff, w, tile, y), _tile_codegen(MR, NV, VW)
+
+
+@intrinsic
+def _tile_wide(typingctx, ntap, x, xoff, toff, w, woff, tile, y, yo, ldc, direct):
+    """:func:`_tile` for :data:`MR_WIDE` pixels x :data:`MB_WIDE` channels in 16-float vectors."""
+    return _tile_sig(x, toff, w, tile, y), _tile_codegen(MR_WIDE, NV, 16)
 
 
 def plane_length(hp: int, wp: int, kw: int) -> int:
     """Pixels per channel block of the reordered input: the padded plane plus the slack the
     last tile reads past it (a tile covers 6 positions; the ones past the output are dropped)."""
-    return hp * wp + kw + MR
+    return hp * wp + kw + max(MR, MR_WIDE)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -184,11 +256,8 @@ def reorder8(x, xo, c, h, w, L, hp, wp, pt, pl, y, yo):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def conv8(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo):
-    """Output channel blocks ``[mb0, mb1)`` (16 each; the last may be partial when ``m`` is not a
-    multiple of 16) at flat positions ``[t0, t1)`` of the padded width: ``y[yo + co*ldc + t] =
-    sum over (channel, tap) of x8 * weights``, ``x8[xo:]`` from :func:`reorder8`, ``wb`` blocked
-    weights ``[ceil(m/16)][cb][kh][kw][8][16]``."""
+def _conv(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, wide):
+    mr, mbw = (MR_WIDE, MB_WIDE) if wide else (MR, MB)
     ntap = cb * kh * kw
     toff = np.empty(ntap, np.int64)
     n = 0
@@ -197,31 +266,56 @@ def conv8(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo):
             for d in range(kw):
                 toff[n] = (b * L + a * wp + d) * CB
                 n += 1
-    tile = np.empty(MR * MB, np.float32)
+    tile = np.empty(mr * mbw, np.float32)
     for mb in range(mb0, mb1):
-        woff = mb * ntap * CB * MB
-        cn = min(MB, m - mb * MB)
-        for t in range(t0, t1, MR):
-            nt = min(MR, t1 - t)
-            whole = nt == MR and cn == MB
-            _tile(ntap, x8, xo + t * CB, toff, wb, woff, tile, y, yo + mb * MB * ldc + t, ldc, whole)
+        woff = mb * ntap * CB * mbw
+        cn = min(mbw, m - mb * mbw)
+        for t in range(t0, t1, mr):
+            nt = min(mr, t1 - t)
+            whole = nt == mr and cn == mbw
+            if wide:
+                _tile_wide(ntap, x8, xo + t * CB, toff, wb, woff, tile, y, yo + mb * mbw * ldc + t, ldc, whole)
+            else:
+                _tile(ntap, x8, xo + t * CB, toff, wb, woff, tile, y, yo + mb * mbw * ldc + t, ldc, whole)
             if not whole:
                 for co in range(cn):
-                    base = yo + (mb * MB + co) * ldc + t
+                    base = yo + (mb * mbw + co) * ldc + t
                     for i in range(nt):
-                        y[base + i] = tile[i * MB + co]
+                        y[base + i] = tile[i * mbw + co]
 
 
-def blocked_weights_axes(m: int, c: int, kh: int, kw: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def conv8(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo):
+    """Output channel blocks ``[mb0, mb1)`` (16 each; the last may be partial when ``m`` is not a
+    multiple of 16) at flat positions ``[t0, t1)`` of the padded width: ``y[yo + co*ldc + t] =
+    sum over (channel, tap) of x8 * weights``, ``x8[xo:]`` from :func:`reorder8`, ``wb`` blocked
+    weights ``[ceil(m/16)][cb][kh][kw][8][16]``."""
+    _conv(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, False)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def conv16(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo):
+    """:func:`conv8` in 16-float vectors, for CPUs that run them at full rate: blocks of 32 output
+    channels, tiles of 8 pixels, weights ``[ceil(m/32)][cb][kh][kw][8][32]``."""
+    _conv(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, True)
+
+
+def blocked_weights_axes(m: int, c: int, kh: int, kw: int, mb: int = MB) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(shape, axes)``: the weights ``(m, c, kh, kw)`` viewed as ``shape`` and transposed by
-    ``axes`` are :func:`conv8`'s blocked weights (``m`` a multiple of 16, ``c`` of 8)."""
-    return (m // MB, MB, c // CB, CB, kh, kw), (0, 2, 4, 5, 3, 1)
+    ``axes`` are the blocked weights of the form with ``mb`` channels per block (:func:`conv8`:
+    16, :func:`conv16`: 32; ``m`` a multiple of ``mb``, ``c`` of 8)."""
+    return (m // mb, mb, c // CB, CB, kh, kw), (0, 2, 4, 5, 3, 1)
 
 
-def blocked_weights(wt: np.ndarray) -> np.ndarray:
-    """The flat blocked weights of ``wt`` ``(m, c, kh, kw)`` (``m`` a multiple of 16, ``c`` of 8)."""
-    shape, axes = blocked_weights_axes(*wt.shape)
+def blocked_weights(wt: np.ndarray, mb: int = MB) -> np.ndarray:
+    """The flat blocked weights of ``wt`` ``(m, c, kh, kw)`` for the form with ``mb`` channels per block."""
+    shape, axes = blocked_weights_axes(*wt.shape, mb)
     return np.ascontiguousarray(wt.reshape(shape).transpose(axes), dtype=np.float32).reshape(-1)
+
+
+def kernel_for(mb: int):
+    """:func:`conv16` for blocks of :data:`MB_WIDE` channels, else :func:`conv8`."""
+    return conv16 if mb == MB_WIDE else conv8
 
 
 def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> bool:
@@ -231,5 +325,6 @@ def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: 
             and c % CB == 0 and m % MB == 0)
 
 
-__all__ = ["CB", "HALF_RATE_512", "MB", "MR", "PAYS", "applies", "blocked_weights", "blocked_weights_axes", "conv8",
-           "plane_length", "reorder8"]
+__all__ = ["CB", "HALF_RATE_512", "MB", "MB_WIDE", "MR", "MR_WIDE", "PAYS", "WIDE", "WIDE_MIN_POSITIONS", "applies", "block_for",
+           "blocked_weights", "blocked_weights_axes", "conv16", "conv8", "kernel_for", "plane_length", "preferred",
+           "reorder8", "tile_pixels"]

@@ -697,7 +697,7 @@ class _ConvWeights:
         self.mg = m // group
         self.mat = self.w5.reshape(group, self.mg, -1)  # im2col / pointwise: (G, Mg, Cg*K)
         self._taps = None
-        self._blocked = None
+        self._blocked: dict = {}
         self._wino2 = self._wino4 = None
         self._packs: dict = {}
 
@@ -745,12 +745,13 @@ class _ConvWeights:
             setattr(self, key, u)
         return u
 
-    @property
-    def blocked(self) -> np.ndarray:
-        """The weights blocked for :func:`byoc.kernels.blocked.conv8` (2-D, one group)."""
-        if self._blocked is None:
-            self._blocked = blocked.blocked_weights(self.w5[:, :, 0])
-        return self._blocked
+    def blocked(self, mb: int) -> np.ndarray:
+        """The weights blocked for :mod:`byoc.kernels.blocked`'s form with ``mb`` output channels
+        per block (2-D, one group)."""
+        wb = self._blocked.get(mb)
+        if wb is None:
+            wb = self._blocked[mb] = blocked.blocked_weights(self.w5[:, :, 0], mb)
+        return wb
 
     @property
     def taps(self) -> np.ndarray:
@@ -812,11 +813,12 @@ def make_conv(spec: NodeSpec):
               and winograd_tile(cg, m // group, *out_sp, own_gemm=own)):
             g["how"] = "winograd"
             g["wm"] = winograd_tile(cg, m // group, *out_sp, own_gemm=own)
-        elif (nd == 2 and compute_dtype(x.dtype) == np.float32 and blocked.PAYS
-              and blocked.applies(c, m, group, *ksz, *strides, *dil)
+        elif (nd == 2 and compute_dtype(x.dtype) == np.float32
+              and blocked.preferred(c, m, group, *ksz, *strides, *dil, int(np.prod(out_sp)))
               and x.shape[3] + pb[1] + pe[1] <= _SHIFT_MAX_WASTE * out_sp[1]):  # padded width: little waste
-            # the channel-blocked direct kernel (byoc-cpu's too): faster than OpenBLAS's GEMMs here
+            # the channel-blocked direct kernel (byoc-cpu's too): faster than the GEMMs here
             g["how"] = "blocked"
+            g["mb"] = blocked.preferred(c, m, group, *ksz, *strides, *dil, int(np.prod(out_sp)))
             g["hp"], g["wp"] = x.shape[2] + pb[0] + pe[0], x.shape[3] + pb[1] + pe[1]
         else:
             g["how"] = "im2col"
@@ -1195,18 +1197,20 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
 def _blocked_conv(x5, pw: _ConvWeights, g, bias, out):
     """A 2-D stride-1 convolution by the channel-blocked direct kernel, image by image: the input
     reordered into blocks of 8 channels (in parallel by blocks), then blocks of output rows
-    (wide outputs) or of 16 output channels into a planar accumulator of the padded width, each
-    cropped into ``out`` with the bias (as the shift strategy's)."""
+    (wide outputs) or of ``g["mb"]`` output channels into a planar accumulator of the padded
+    width, each cropped into ``out`` with the bias (as the shift strategy's)."""
     nb, c = x5.shape[:2]
     h, w = x5.shape[3:]
     _, kh, kw = g["k"]
     _, pt, pl = g["pb"]
     hp, wp = g["hp"], g["wp"]
     m, oh, ow = out.shape[1], out.shape[3], out.shape[4]
-    plane, cb, nbk = blocked.plane_length(hp, wp, kw), c // blocked.CB, m // blocked.MB
+    mbw = g["mb"]
+    kernel = blocked.kernel_for(mbw)
+    plane, cb, nbk = blocked.plane_length(hp, wp, kw), c // blocked.CB, m // mbw
     x8 = threads.scratch("conv.x8", (cb * plane * blocked.CB,), np.float32)
     acc = threads.scratch("conv.acc", (m, hp * wp), np.float32)
-    accf, xf, wb = acc.reshape(-1), x5.reshape(-1), pw.blocked
+    accf, xf, wb = acc.reshape(-1), x5.reshape(-1), pw.blocked(mbw)
     nt = threads.num_threads()
     cblocks = split(cb, nt)
     wide = nt > 1 and oh * wp >= 256 * nt
@@ -1222,11 +1226,11 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out):
         def part(i, on=on):
             a, b = blocks[i]
             if wide:  # output rows [a, b), every channel block
-                blocked.conv8(x8, 0, wb, cb, plane, wp, kh, kw, m, hp * wp, 0, nbk, a * wp, b * wp, accf, 0)
+                kernel(x8, 0, wb, cb, plane, wp, kh, kw, m, hp * wp, 0, nbk, a * wp, b * wp, accf, 0)
                 _crop_rows(acc, hp, wp, oh, ow, bias, 0, a, b, on)
             else:  # channel blocks [a, b), every position
-                blocked.conv8(x8, 0, wb, cb, plane, wp, kh, kw, m, hp * wp, a, b, 0, oh * wp, accf, 0)
-                _crop_planes(acc, hp, wp, oh, ow, bias, 0, a * blocked.MB, b * blocked.MB, on)
+                kernel(x8, 0, wb, cb, plane, wp, kh, kw, m, hp * wp, a, b, 0, oh * wp, accf, 0)
+                _crop_planes(acc, hp, wp, oh, ow, bias, 0, a * mbw, b * mbw, on)
 
         threads.parallel_for(reorder, len(cblocks))
         threads.parallel_for(part, len(blocks))

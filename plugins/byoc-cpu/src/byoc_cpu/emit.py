@@ -78,6 +78,7 @@ FIXED: dict[str, tuple[str, tuple]] = {
     "winograd": ("K.winograd", ("x", 3, "W", 6, "y")),
     "reorder8": ("K.reorder8", ("x", 8, "y")),
     "conv8": ("K.conv8", ("x", "W", 11, "y")),
+    "conv16": ("K.conv16", ("x", "W", 11, "y")),
     "maxpool": ("K.maxpool2d", ("x", 13, "y")),
     "avgpool": ("K.avgpool2d", ("x", 14, "y")),
     "gpool": ("K.global_pool", ("x", 3, "y")),

@@ -23,7 +23,7 @@ import numpy as np
 # the window geometry and the convolution drivers are the core's (one copy, byoc.kernels.conv);
 # re-exported here under the names the generated code calls
 from byoc.kernels import conv as _conv
-from byoc.kernels.blocked import conv8, reorder8
+from byoc.kernels.blocked import conv8, conv16, reorder8
 from byoc.kernels.conv import conv_direct, im2col, pad_planes, phase_planes, subsample
 # U: indices cast to unsigned, so that LLVM vectorises (see byoc.kernels.pool)
 from byoc.kernels.pool import U, avgpool2d, maxpool2d
@@ -156,7 +156,7 @@ def winograd(x, xo, c, h, w, wt, m, pt, pl, oh, ow, mt, y, yo) -> None:
 
 
 __all__ = [
-    "avgpool2d", "conv8", "conv_direct", "copy_blocks", "global_pool", "im2col", "lrn", "maxpool2d", "pad_planes",
+    "avgpool2d", "conv8", "conv16", "conv_direct", "copy_blocks", "global_pool", "im2col", "lrn", "maxpool2d", "pad_planes",
     "phase_planes",
     "reorder8", "softmax_rows", "subsample", "winograd",
 ]

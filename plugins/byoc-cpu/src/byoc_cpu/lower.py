@@ -821,7 +821,7 @@ class Lowering:
     def _blocked(self, p, xn: Ref, wt: np.ndarray, nt: int, epilogue, epi):
         """(pre, chunks) of a convolution by the channel-blocked direct kernel
         (:mod:`byoc.kernels.blocked`): the input reordered into blocks of 8 channels (in
-        parallel by blocks), then output rows (wide outputs) or blocks of 16 output channels
+        parallel by blocks), then output rows (wide outputs) or blocks of 16 or 32 output channels
         computed into a planar buffer of the padded width, each followed by its epilogue, which
         drops the padding columns as the shift strategy's does. The weights are stored as
         their own bytes and blocked at load (a transpose)."""
@@ -829,7 +829,10 @@ class Lowering:
         pt, pl, oh = p["pt"], p["pl"], p["oh"]
         hp, wp = h + pt + p["pb"], w + pl + p["pr"]
         plane, cb = blocked.plane_length(hp, wp, kw), c // blocked.CB
-        shape, axes = blocked.blocked_weights_axes(m, c, kh, kw)
+        geo = (c, m, p["group"], kh, kw, p["sh"], p["sw"], p["dh"], p["dw"])
+        mbw = blocked.preferred(*geo, oh * p["ow"]) or blocked.block_for(m)  # forced: the form that applies
+        kind = "conv16" if mbw == blocked.MB_WIDE else "conv8"
+        shape, axes = blocked.blocked_weights_axes(m, c, kh, kw, mbw)
         wref = self.pack_transposed(wt.reshape(shape), axes)
         x8 = Ref(self.scratch(cb * plane * blocked.CB))
         pre = [{"kind": "reorder8", "x": xn.at(b0 * blocked.CB * h * w), "y": x8.at(b0 * plane * blocked.CB),
@@ -837,17 +840,17 @@ class Lowering:
         ncols = oh * wp
         acc_ref = Ref(self.scratch(m * ncols))
         raw = epilogue((acc_ref, [0, ncols, wp, 1]))
-        nb = m // blocked.MB
+        nb = m // mbw
 
         def conv(mb0: int, mb1: int, t0: int, t1: int) -> dict[str, Any]:
-            return {"kind": "conv8", "x": x8, "w": wref, "y": acc_ref,
+            return {"kind": kind, "x": x8, "w": wref, "y": acc_ref,
                     "args": [cb, plane, wp, kh, kw, m, ncols, mb0, mb1, t0, t1]}
 
         # byoc's own kernel: split over the pool even where OpenBLAS's threads take the GEMMs
         if nt > 1 and ncols >= 256 * nt:  # wide: blocks of output rows
             chunks = [[conv(0, nb, r0 * wp, r1 * wp)] + epi(raw, 1, r0, r1) for r0, r1 in split(oh, 2 * nt, 1)]
         else:  # narrow: blocks of output channels
-            chunks = [[conv(b0, b1, 0, ncols)] + epi(raw, 0, b0 * blocked.MB, b1 * blocked.MB)
+            chunks = [[conv(b0, b1, 0, ncols)] + epi(raw, 0, b0 * mbw, b1 * mbw)
                       for b0, b1 in split(nb, nt, 1)]
         return pre, chunks
 
@@ -900,8 +903,8 @@ class Lowering:
         winograd_ok = (p["kh"] == 3 and p["kw"] == 3 and p["sh"] == 1 and p["sw"] == 1 and p["dh"] == 1
                        and p["dw"] == 1 and p["group"] == 1 and max(p["pt"], p["pl"], p["pb"], p["pr"]) <= 2
                        and side > 0)
-        blocked_ok = (blocked.applies(p["c"], p["m"], p["group"], p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"])
-                      and waste_ok)
+        geo = (p["c"], p["m"], p["group"], p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"])
+        blocked_ok = blocked.applies(*geo) and waste_ok
         forced = self.options["conv_strategy"]
         if forced == "winograd" and winograd_ok:
             return "winograd"
@@ -924,8 +927,8 @@ class Lowering:
             # the core's rule: with OpenBLAS's GEMMs (no full-width micro-kernel on this CPU), or
             # big layers where Winograd's fewer multiplies beat the shift strategy on byoc's GEMM
             return "winograd"
-        if blocked_ok and blocked.PAYS and forced == "auto":
-            # the blocked direct kernel beats OpenBLAS's GEMMs on these (shift and im2col alike)
+        if blocked_ok and blocked.preferred(*geo, p["oh"] * p["ow"]) and forced == "auto":
+            # the blocked direct kernel beats the GEMMs on these (shift and im2col alike)
             return "blocked"
         blas_shift_ok = FULL_WIDTH or shift_pays(p["cg"], p["m"] // p["group"])
         # byoc's implicit GEMM (FULL_WIDTH) reads the taps in place: no channel minimum

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from byoc.kernels.blocked import CB, MB, MR
+from byoc.kernels.blocked import CB, MB, MB_WIDE, tile_pixels
 
 from byoc_cpu.emit import FIXED, INSTRUCTIONS
 from byoc_cpu.lower import PROGRAM_VERSION
@@ -26,7 +26,7 @@ _ATTRS = {"alpha", "beta", "gamma", "lo", "hi"}
 _FIXED_SHAPE = {  # kind -> (ints, floats); must agree with emit.FIXED
     "pad": (8, 0), "phase": (10, 0), "im2col": (14, 0), "subsample": (7, 0), "conv_direct": (17, 0), "maxpool": (13, 0),
     "avgpool": (14, 0), "gpool": (3, 0), "softmax": (3, 0), "lrn": (3, 3), "copy": (4, 0), "winograd": (9, 0),
-    "reorder8": (8, 0), "conv8": (11, 0),
+    "reorder8": (8, 0), "conv8": (11, 0), "conv16": (11, 0),
 }
 
 
@@ -291,7 +291,7 @@ class _Checker:
         self.ref(st["y"], f"{where}.y", y_ext, count, True)
         if kind == "conv_direct" and not a[15] < a[16] <= a[3]:
             raise _fail(f"{where}.args", "bad output channel range")
-        if kind == "conv8" and not (a[7] < a[8] <= -(-a[5] // MB) and a[9] < a[10] <= a[6]):
+        if kind in _BLOCKS and not (a[7] < a[8] <= -(-a[5] // _BLOCKS[kind]) and a[9] < a[10] <= a[6]):
             raise _fail(f"{where}.args", "bad output channel block or position range")
         if kind in _WEIGHTED:
             self.ref(st["w"], f"{where}.w", _WEIGHTED[kind](a), 1, False)
@@ -389,25 +389,35 @@ def _reorder8(a, w):
     return c * h * wd, -(-c // CB) * plane * CB
 
 
-def _conv8(a, w):
-    cb, plane, wp, kh, kw, m, ldc, mb0, mb1, t0, t1 = a
-    # a tile of MR positions reads every tap MR - 1 positions past its last one: the plane's slack
-    _need(min(cb, plane, wp, kh, kw, m, ldc) >= 1 and kw <= wp and (kh - 1) * wp + kw - 1 + t1 + MR - 1 <= plane,
-          w, "bad geometry")
-    return cb * plane * CB, (m - 1) * ldc + t1
+#: the blocked kernels: kind -> output channels per weight block
+_BLOCKS = {"conv8": MB, "conv16": MB_WIDE}
+
+
+def _blocked_extents(mb):
+    mr = tile_pixels(mb)
+
+    def extents(a, w):
+        cb, plane, wp, kh, kw, m, ldc, mb0, mb1, t0, t1 = a
+        # a tile of mr positions reads every tap mr - 1 positions past its last one: the plane's slack
+        _need(min(cb, plane, wp, kh, kw, m, ldc) >= 1 and kw <= wp and (kh - 1) * wp + kw - 1 + t1 + mr - 1 <= plane,
+              w, "bad geometry")
+        return cb * plane * CB, (m - 1) * ldc + t1
+
+    return extents
 
 
 #: fixed kinds that take a constant weight array (``w``): kind -> elements it reads
 _WEIGHTED = {
     "conv_direct": lambda a: a[3] * a[4] * a[5] * a[6],  # m * cg * kh * kw
     "winograd": lambda a: a[3] * a[0] * 9,  # m * c * 3 * 3
-    "conv8": lambda a: -(-a[5] // MB) * a[0] * a[3] * a[4] * CB * MB,  # blocks of m * cb * kh * kw * 8 * 16
+    # blocks of m * cb * kh * kw * 8 * (16 or 32)
+    **{kind: (lambda a, mb=mb: -(-a[5] // mb) * a[0] * a[3] * a[4] * CB * mb) for kind, mb in _BLOCKS.items()},
 }
 
 _FIXED_EXTENTS = {
     "pad": _pad, "phase": _phase, "im2col": _im2col, "subsample": _subsample, "conv_direct": _direct, "maxpool": _maxpool,
     "avgpool": _avgpool, "gpool": _gpool, "softmax": _softmax, "lrn": _lrn, "copy": _copy, "winograd": _winograd,
-    "reorder8": _reorder8, "conv8": _conv8,
+    "reorder8": _reorder8, **{kind: _blocked_extents(mb) for kind, mb in _BLOCKS.items()},
 }
 
 
