@@ -17,50 +17,53 @@ def cases(draw):
     mb = draw(st.sampled_from([blocked.MB, blocked.MB_WIDE]))  # conv8, conv16
     m = mb * draw(st.integers(1, 3))
     kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    sh, sw = draw(st.integers(1, kh)), draw(st.integers(1, kw))
     h, w = draw(st.integers(1, 9)), draw(st.integers(1, 9))
     pt, pb, pl, pr = (draw(st.integers(0, 3)) for _ in range(4))
     if h + pt + pb < kh or w + pl + pr < kw:
         pb, pr = kh, kw
     parts = draw(st.integers(1, 3))
-    return mb, c, m, kh, kw, h, w, pt, pb, pl, pr, parts, draw(st.booleans()), draw(st.integers(0, 2**31 - 1))
+    return (mb, c, m, kh, kw, sh, sw, h, w, pt, pb, pl, pr, parts, draw(st.booleans()),
+            draw(st.integers(0, 2**31 - 1)))
 
 
 @settings(max_examples=60, deadline=None)
 @given(cases())
 def test_blocked_kernels_match_reference(case):
-    mb, c, m, kh, kw, h, w, pt, pb, pl, pr, parts, by_channels, seed = case
+    mb, c, m, kh, kw, sh, sw, h, w, pt, pb, pl, pr, parts, by_channels, seed = case
     kernel = blocked.kernel_for(mb)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((c, h, w)).astype(np.float32)
     wt = rng.standard_normal((m, c, kh, kw)).astype(np.float32)
     hp, wp = h + pt + pb, w + pl + pr
-    oh, ow = hp - kh + 1, wp - kw + 1
-    L = blocked.plane_length(hp, wp, kw)
+    oh, ow = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+    hq, wq = blocked.phase_extent(oh, kh, sh), blocked.phase_extent(ow, kw, sw)
+    L = blocked.plane_length(hq, wq, kw, sh, sw)
     xo, yo = 5, 3  # offsets into the flat buffers
     xf = np.concatenate([np.full(xo, np.nan, np.float32), x.ravel()])
     x8 = np.full(xo + c // 8 * L * 8, np.nan, np.float32)
-    blocked.reorder8(xf, xo, c, h, w, L, hp, wp, pt, pl, x8, xo)
-    ncols = oh * wp
+    blocked.reorder8(xf, xo, c, h, w, L, hq, wq, sh, sw, pt, pl, x8, xo)
+    ncols = oh * wq
     y = np.full(yo + m * ncols, np.nan, np.float32)
     wb = blocked.blocked_weights(wt, mb)
     nb = m // mb
     if by_channels:
         cuts = np.linspace(0, nb, parts + 1).astype(int)
         for a, b in zip(cuts[:-1], cuts[1:]):
-            kernel(x8, xo, wb, c // 8, L, wp, kh, kw, m, ncols, a, b, 0, ncols, y, yo)
+            kernel(x8, xo, wb, c // 8, L, wq, hq, sh, sw, kh, kw, m, ncols, a, b, 0, ncols, y, yo)
     else:
-        cuts = np.linspace(0, oh, parts + 1).astype(int) * wp
+        cuts = np.linspace(0, oh, parts + 1).astype(int) * wq
         for a, b in zip(cuts[:-1], cuts[1:]):
-            kernel(x8, xo, wb, c // 8, L, wp, kh, kw, m, ncols, 0, nb, a, b, y, yo)
+            kernel(x8, xo, wb, c // 8, L, wq, hq, sh, sw, kh, kw, m, ncols, 0, nb, a, b, y, yo)
     xp = np.zeros((c, hp, wp), np.float64)
     xp[:, pt:pt + h, pl:pl + w] = x
     ref = np.zeros((m, oh, ow))
     for a in range(kh):
         for b in range(kw):
-            ref += np.einsum("mc,chw->mhw", wt[:, :, a, b], xp[:, a:a + oh, b:b + ow])
-    got = y[yo:].reshape(m, oh, wp)[:, :, :ow]
+            ref += np.einsum("mc,chw->mhw", wt[:, :, a, b], xp[:, a:a + sh * (oh - 1) + 1:sh, b:b + sw * (ow - 1) + 1:sw])
+    got = y[yo:].reshape(m, oh, wq)[:, :, :ow]
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
-    assert np.isfinite(y[yo:].reshape(m, oh, wp)).all()  # the padded columns are computed too, from zeros
+    assert np.isfinite(y[yo:].reshape(m, oh, wq)).all()  # the padded columns are computed too, from zeros
 
 
 def test_blocked_weights_is_a_transpose_of_the_weights_bytes():
@@ -68,7 +71,9 @@ def test_blocked_weights_is_a_transpose_of_the_weights_bytes():
     shape, axes = blocked.blocked_weights_axes(*wt.shape)
     np.testing.assert_array_equal(blocked.blocked_weights(wt), wt.reshape(shape).transpose(axes).ravel())
     assert blocked.applies(16, 32, 1, 3, 3, 1, 1, 1, 1)
-    assert not blocked.applies(12, 32, 1, 3, 3, 1, 1, 1, 1) and not blocked.applies(16, 32, 1, 3, 3, 2, 2, 1, 1)
+    assert blocked.applies(16, 32, 1, 3, 3, 2, 2, 1, 1)  # strided: over stride phases
+    assert not blocked.applies(12, 32, 1, 3, 3, 1, 1, 1, 1) and not blocked.applies(16, 32, 1, 3, 3, 1, 1, 2, 2)
+    assert not blocked.applies(16, 32, 1, 3, 3, 4, 1, 1, 1)  # a stride past the kernel
     shape, axes = blocked.blocked_weights_axes(*wt.shape, blocked.MB_WIDE)
     assert shape[1] == blocked.MB_WIDE
     np.testing.assert_array_equal(blocked.blocked_weights(wt, blocked.MB_WIDE), wt.reshape(shape).transpose(axes).ravel())
@@ -85,7 +90,7 @@ def test_preferred_form(monkeypatch, wide, env, m, positions, want):
     monkeypatch.setattr(blocked, "_ENV", env)
     monkeypatch.setattr(blocked, "PAYS", env != "0")
     assert blocked.preferred(16, m, 1, 3, 3, 1, 1, 1, 1, positions) == want
-    assert blocked.preferred(16, m, 1, 3, 3, 2, 2, 1, 1, positions) == 0  # strided: never
+    assert blocked.preferred(16, m, 1, 3, 3, 1, 1, 2, 2, positions) == 0  # dilated: never
 
 
 @pytest.mark.parametrize("c, h, w, pt, pl, pb, pr", [(5, 3, 4, 1, 2, 0, 1), (8, 1, 1, 0, 0, 0, 0), (13, 4, 2, 2, 0, 1, 3)])
@@ -96,13 +101,33 @@ def test_reorder8_zero_pads_channels_and_plane(c, h, w, pt, pl, pb, pr):
     L = blocked.plane_length(hp, wp, 3)
     nb = -(-c // 8)
     y = np.full(nb * L * 8 + 4, np.nan, np.float32)
-    blocked.reorder8(x.ravel(), 0, c, h, w, L, hp, wp, pt, pl, y, 2)
+    blocked.reorder8(x.ravel(), 0, c, h, w, L, hp, wp, 1, 1, pt, pl, y, 2)
     want = np.zeros((nb * 8, hp, wp), np.float32)
     want[:c, pt:pt + h, pl:pl + w] = x
     planes = y[2:2 + nb * L * 8].reshape(nb, L, 8)
     np.testing.assert_array_equal(planes[:, :hp * wp, :].reshape(nb, hp, wp, 8).transpose(0, 3, 1, 2).reshape(-1, hp, wp),
                                   want)
     assert (planes[:, hp * wp:, :] == 0).all() and np.isnan(y[:2]).all() and np.isnan(y[2 + nb * L * 8:]).all()
+
+
+@pytest.mark.parametrize("sh, sw, pt, pl", [(2, 2, 1, 1), (2, 3, 0, 2), (3, 1, 2, 0)])
+def test_reorder8_writes_stride_phases(sh, sw, pt, pl):
+    c, h, w = 11, 7, 8
+    x = np.random.default_rng(sh * 10 + sw).standard_normal((c, h, w)).astype(np.float32)
+    hq, wq = 4, 5
+    L = blocked.plane_length(hq, wq, 3, sh, sw)
+    nb = 2
+    y = np.full(nb * L * 8, np.nan, np.float32)
+    blocked.reorder8(x.ravel(), 0, c, h, w, L, hq, wq, sh, sw, pt, pl, y, 0)
+    padded = np.zeros((nb * 8, sh * hq + h + pt, sw * wq + w + pl), np.float32)
+    padded[:c, pt:pt + h, pl:pl + w] = x
+    blocks = y.reshape(nb, L, 8)
+    for a in range(sh):
+        for d in range(sw):
+            p = a * sw + d
+            got = blocks[:, p * hq * wq:(p + 1) * hq * wq].reshape(nb, hq, wq, 8).transpose(0, 3, 1, 2).reshape(-1, hq, wq)
+            np.testing.assert_array_equal(got, padded[:, a:a + sh * hq:sh, d:d + sw * wq:sw])
+    assert (blocks[:, sh * sw * hq * wq:] == 0).all()  # the slack
 
 
 @pytest.mark.parametrize("wide", [False, True])

@@ -253,14 +253,28 @@ def _assert_refused_with(model, strategy: str, kind: str, index: int, value: int
 
 
 @pytest.mark.parametrize("wide, kind", [(False, "conv8"), (True, "conv16")])
-@pytest.mark.parametrize("index, value", [(10, 10**6), (1, 5), (8, 9), (5, 10**6), (6, 1), (0, 10**4)])
+@pytest.mark.parametrize("index, value", [(13, 10**6), (1, 5), (11, 9), (8, 10**6), (9, 1), (0, 10**4),
+                                          (4, 0), (6, 10**3)])
 def test_verifier_refuses_a_blocked_conv_reaching_past_its_buffers(monkeypatch, wide, kind, index, value):
-    # conv8 / conv16 args: cb, plane, wp, kh, kw, m, ldc, mb0, mb1, t0, t1; each change reads or
-    # writes past a buffer (positions, the plane's slack, channel blocks, the weights, the output)
+    # conv8 / conv16 args: cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1; each change
+    # reads or writes past a buffer (positions, the plane's slack, channel blocks, the weights, the
+    # output, the phase planes) or divides by zero (a stride of 0)
     monkeypatch.setattr("byoc.kernels.blocked.WIDE", wide)
     rng = np.random.default_rng(0)
     model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])], {"x": (1, 16, 12, 12)},
                        ["y"], {"W": rng.standard_normal((32, 16, 3, 3)).astype(np.float32)})
+    _assert_refused_with(model, "blocked", kind, index, value)
+
+
+@pytest.mark.parametrize("kind, index, value", [("reorder8", 3, 5), ("reorder8", 6, 0), ("reorder8", 0, 10**4),
+                                                ("reorder8", 4, 10**4), ("conv16", 3, 10**3), ("conv16", 5, 0)])
+def test_verifier_refuses_a_strided_blocked_conv_reaching_past_its_buffers(monkeypatch, kind, index, value):
+    # reorder8 args: c, h, w, plane, hq, wq, sh, sw, pt, pl (stride phases: planes of hq x wq);
+    # conv16 with taller phase planes reads past its input; a stride of 0 divides by zero
+    monkeypatch.setattr("byoc.kernels.blocked.WIDE", True)
+    rng = np.random.default_rng(2)
+    model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1])],
+                       {"x": (1, 16, 12, 12)}, ["y"], {"W": rng.standard_normal((32, 16, 3, 3)).astype(np.float32)})
     _assert_refused_with(model, "blocked", kind, index, value)
 
 

@@ -188,18 +188,19 @@ def test_core_micro_kernel_is_the_one_called(strategy):
 
 @st.composite
 def blocked_convs(draw):
-    """Convolutions the channel-blocked kernel takes (stride 1, channels in blocks of 8 and 16),
-    with a bias, a residual Add and an activation in some, batch 1 or 2."""
+    """Convolutions the channel-blocked kernel takes (stride 1 or 2, channels in blocks of 8 and
+    16), with a bias, a residual Add and an activation in some, batch 1 or 2."""
     c, m = 8 * draw(st.integers(1, 3)), 16 * draw(st.integers(1, 4))  # m = 32, 64: the wide form too
     kh, kw = draw(st.sampled_from([(3, 3), (1, 3), (3, 1), (2, 2), (5, 5)]))
     pads = [draw(st.integers(0, 2)) for _ in range(4)]
     h, w = draw(st.integers(kh, 20)), draw(st.integers(kw, 20))
+    sh, sw = draw(st.integers(1, min(2, kh))), draw(st.integers(1, min(2, kw)))
     n = draw(st.integers(1, 2))
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     inits = {"W": (rng.standard_normal((m, c, kh, kw)) / np.sqrt(c * kh * kw)).astype(np.float32),
              "B": rng.standard_normal(m).astype(np.float32)}
-    oh, ow = h + pads[0] + pads[2] - kh + 1, w + pads[1] + pads[3] - kw + 1
-    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=pads, kernel_shape=[kh, kw])]
+    oh, ow = (h + pads[0] + pads[2] - kh) // sh + 1, (w + pads[1] + pads[3] - kw) // sw + 1
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=pads, kernel_shape=[kh, kw], strides=[sh, sw])]
     inputs = {"x": (n, c, h, w), "r": (n, m, oh, ow)}
     feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in inputs.items()}
     nodes += [helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]

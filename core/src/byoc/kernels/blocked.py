@@ -1,4 +1,4 @@
-"""Direct convolution on channel-blocked input (NCHWc8), for stride-1 KxK convolutions.
+"""Direct convolution on channel-blocked input (NCHWc8), for KxK convolutions.
 
 The input is reordered once per call into blocks of 8 channels, each block a zero-padded plane
 of ``L`` pixels with the 8 channels of a pixel adjacent (``x8[cb][L][8]``); the weights are
@@ -10,7 +10,10 @@ channel and broadcasts 6 input values, with the 8 channels of the block unrolled
 
 Like the shift strategy it computes every position of the padded width (``oh * wp`` outputs
 per channel, the ``wp - ow`` extra columns of each row are dropped by the caller's epilogue),
-so one tap is one fixed offset into the plane and a tile may span rows.
+so one tap is one fixed offset into the plane and a tile may span rows. A strided convolution
+reads stride-phase planes instead (as the phase-shift strategy's): the reorder writes the
+``sh * sw`` phases of each channel block, each ``(oh + (kh-1)//sh, ow + (kw-1)//sw)`` pixels,
+and tap ``(a, d)`` is again one fixed offset, into phase ``(a % sh, d % sw)``.
 
 Measured on the development machine (AVX2, one core, ResNet-50's 3x3 shapes 56x56x64 to
 7x7x512): 62-89 GFLOP/s against 49-77 for the shift strategy's OpenBLAS GEMMs on the same
@@ -218,18 +221,36 @@ def _tile_wide(typingctx, ntap, x, xoff, toff, w, woff, tile, y, yo, ldc, direct
     return _tile_sig(x, toff, w, tile, y), _tile_codegen(MR_WIDE, NV, 16)
 
 
-def plane_length(hp: int, wp: int, kw: int) -> int:
-    """Pixels per channel block of the reordered input: the padded plane plus the slack the
-    last tile reads past it (a tile covers 6 positions; the ones past the output are dropped)."""
-    return hp * wp + kw + max(MR, MR_WIDE)
+def plane_length(hq: int, wq: int, kw: int, sh: int = 1, sw: int = 1) -> int:
+    """Pixels per channel block of the reordered input: ``sh * sw`` stride-phase planes of
+    ``(hq, wq)`` pixels (for stride 1 one plane, the padded input) plus the slack the last tile
+    reads past them (a tile covers up to 8 positions; the ones past the output are dropped)."""
+    return sh * sw * hq * wq + kw + max(MR, MR_WIDE)
+
+
+def phase_extent(out: int, k: int, s: int) -> int:
+    """Rows (or columns) of each stride-phase plane for ``out`` output rows, kernel ``k``,
+    stride ``s``: tap ``a`` of output row ``i`` reads row ``i + a // s`` of phase ``a % s``
+    (for stride 1, the padded input's height)."""
+    return out + (k - 1) // s
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def reorder8(x, xo, c, h, w, L, hp, wp, pt, pl, y, yo):
+def reorder8(x, xo, c, h, w, L, hq, wq, sh, sw, pt, pl, y, yo):
     """``x[xo:]`` holding ``(c, h, w)`` -> ``y[yo:]`` holding ``ceil(c/8)`` blocks of ``L`` pixels x 8
-    channels: pixel ``(r, q)`` of the ``(hp, wp)`` padded plane at ``r*wp + q``, zero where padding,
-    past the plane, or past channel ``c``. Only the padding is zeroed; each input row of 8
-    channels is written as one contiguous run of ``8 * w`` values."""
+    channels. Each block holds ``sh * sw`` stride-phase planes of ``(hq, wq)`` pixels: pixel
+    ``(r, q)`` of phase ``(a, d)`` at ``((a*sw + d)*hq + r)*wq + q`` is the zero-padded input's
+    pixel ``(r*sh + a, q*sw + d)``; zero where padding, past the planes, or past channel ``c``.
+    For stride 1 that is one padded plane, of which only the padding is zeroed and each input
+    row of 8 channels is written as one contiguous run of ``8 * w`` values."""
+    if sh == 1 and sw == 1:
+        _reorder_plane(x, xo, c, h, w, L, hq, wq, pt, pl, y, yo)
+    else:
+        _reorder_phases(x, xo, c, h, w, L, hq, wq, sh, sw, pt, pl, y, yo)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _reorder_plane(x, xo, c, h, w, L, hp, wp, pt, pl, y, yo):
     nb = (c + CB - 1) // CB
     zero = y.dtype.type(0)
     top = (pt * wp + pl) * CB  # the rows above and the left pad of the first row
@@ -256,7 +277,32 @@ def reorder8(x, xo, c, h, w, L, hp, wp, pt, pl, y, yo):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _conv(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, wide):
+def _reorder_phases(x, xo, c, h, w, L, hq, wq, sh, sw, pt, pl, y, yo):
+    nb = (c + CB - 1) // CB
+    zero = y.dtype.type(0)
+    for b in range(nb):
+        base = yo + b * L * CB
+        kn = min(CB, c - b * CB)
+        for a in range(sh):
+            for d in range(sw):
+                pbase = base + (a * sw + d) * hq * wq * CB
+                for r in range(hq):
+                    sr = r * sh + a - pt
+                    for q in range(wq):
+                        dst = pbase + (r * wq + q) * CB
+                        sq = q * sw + d - pl
+                        if 0 <= sr < h and 0 <= sq < w:
+                            for k in range(CB):
+                                y[_U(dst + k)] = x[_U(xo + ((b * CB + k) * h + sr) * w + sq)] if k < kn else zero
+                        else:
+                            for k in range(CB):
+                                y[_U(dst + k)] = zero
+        for t in range(base + sh * sw * hq * wq * CB, base + L * CB):
+            y[_U(t)] = zero
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _conv(x8, xo, wb, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, wide):
     mr, mbw = (MR_WIDE, MB_WIDE) if wide else (MR, MB)
     ntap = cb * kh * kw
     toff = np.empty(ntap, np.int64)
@@ -264,7 +310,7 @@ def _conv(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, wide):
     for b in range(cb):
         for a in range(kh):
             for d in range(kw):
-                toff[n] = (b * L + a * wp + d) * CB
+                toff[n] = (b * L + ((a % sh) * sw + d % sw) * hq * wq + (a // sh) * wq + d // sw) * CB
                 n += 1
     tile = np.empty(mr * mbw, np.float32)
     for mb in range(mb0, mb1):
@@ -285,19 +331,21 @@ def _conv(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, wide):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def conv8(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo):
+def conv8(x8, xo, wb, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo):
     """Output channel blocks ``[mb0, mb1)`` (16 each; the last may be partial when ``m`` is not a
-    multiple of 16) at flat positions ``[t0, t1)`` of the padded width: ``y[yo + co*ldc + t] =
-    sum over (channel, tap) of x8 * weights``, ``x8[xo:]`` from :func:`reorder8`, ``wb`` blocked
-    weights ``[ceil(m/16)][cb][kh][kw][8][16]``."""
-    _conv(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, False)
+    multiple of 16) at flat positions ``[t0, t1)`` of rows ``wq`` wide (output pixel ``(i, j)`` at
+    ``i*wq + j``): ``y[yo + co*ldc + t] = sum over (channel, tap) of x8 * weights``, ``x8[xo:]``
+    from :func:`reorder8` with the same ``L, hq, wq, sh, sw`` (stride ``sh, sw``: tap ``(a, d)``
+    reads phase ``(a % sh, d % sw)`` at row offset ``a // sh``, column offset ``d // sw``), ``wb``
+    blocked weights ``[ceil(m/16)][cb][kh][kw][8][16]``."""
+    _conv(x8, xo, wb, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, False)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def conv16(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo):
+def conv16(x8, xo, wb, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo):
     """:func:`conv8` in 16-float vectors, for CPUs that run them at full rate: blocks of 32 output
     channels, tiles of 8 pixels, weights ``[ceil(m/32)][cb][kh][kw][8][32]``."""
-    _conv(x8, xo, wb, cb, L, wp, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, True)
+    _conv(x8, xo, wb, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, True)
 
 
 def blocked_weights_axes(m: int, c: int, kh: int, kw: int, mb: int = MB) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -319,12 +367,12 @@ def kernel_for(mb: int):
 
 
 def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> bool:
-    """Whether :func:`conv8` runs this convolution: stride and dilation 1, one group, a kernel
-    larger than 1x1, input channels in whole blocks of 8, output channels of 16."""
-    return (group == 1 and sh == 1 and sw == 1 and dh == 1 and dw == 1 and kh * kw > 1
+    """Whether :func:`conv8` runs this convolution: dilation 1, strides up to the kernel's size,
+    one group, a kernel larger than 1x1, input channels in whole blocks of 8, output channels of 16."""
+    return (group == 1 and 1 <= sh <= kh and 1 <= sw <= kw and dh == 1 and dw == 1 and kh * kw > 1
             and c % CB == 0 and m % MB == 0)
 
 
 __all__ = ["CB", "HALF_RATE_512", "MB", "MB_WIDE", "MR", "MR_WIDE", "PAYS", "WIDE", "WIDE_MIN_POSITIONS", "applies", "block_for",
-           "blocked_weights", "blocked_weights_axes", "conv16", "conv8", "kernel_for", "plane_length", "preferred",
+           "blocked_weights", "blocked_weights_axes", "conv16", "conv8", "kernel_for", "phase_extent", "plane_length", "preferred",
            "reorder8", "tile_pixels"]

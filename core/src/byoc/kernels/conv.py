@@ -815,11 +815,13 @@ def make_conv(spec: NodeSpec):
             g["wm"] = winograd_tile(cg, m // group, *out_sp, own_gemm=own)
         elif (nd == 2 and compute_dtype(x.dtype) == np.float32
               and blocked.preferred(c, m, group, *ksz, *strides, *dil, int(np.prod(out_sp)))
-              and x.shape[3] + pb[1] + pe[1] <= _SHIFT_MAX_WASTE * out_sp[1]):  # padded width: little waste
-            # the channel-blocked direct kernel (byoc-cpu's too): faster than the GEMMs here
+              and blocked.phase_extent(out_sp[1], ksz[1], strides[1]) <= _SHIFT_MAX_WASTE * out_sp[1]):
+            # the channel-blocked direct kernel (byoc-cpu's too): faster than the GEMMs here;
+            # its rows are the (phase) planes' width: little waste
             g["how"] = "blocked"
             g["mb"] = blocked.preferred(c, m, group, *ksz, *strides, *dil, int(np.prod(out_sp)))
-            g["hp"], g["wp"] = x.shape[2] + pb[0] + pe[0], x.shape[3] + pb[1] + pe[1]
+            g["hq"] = blocked.phase_extent(out_sp[0], ksz[0], strides[0])
+            g["wq"] = blocked.phase_extent(out_sp[1], ksz[1], strides[1])
         else:
             g["how"] = "im2col"
             # byoc's GEMM reads the kernel taps straight out of the padded input (an implicit
@@ -1195,42 +1197,44 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
 
 
 def _blocked_conv(x5, pw: _ConvWeights, g, bias, out):
-    """A 2-D stride-1 convolution by the channel-blocked direct kernel, image by image: the input
-    reordered into blocks of 8 channels (in parallel by blocks), then blocks of output rows
+    """A 2-D convolution by the channel-blocked direct kernel, image by image: the input
+    reordered into blocks of 8 channels (stride phases for a strided one; in parallel by
+    blocks), then blocks of output rows
     (wide outputs) or of ``g["mb"]`` output channels into a planar accumulator of the padded
     width, each cropped into ``out`` with the bias (as the shift strategy's)."""
     nb, c = x5.shape[:2]
     h, w = x5.shape[3:]
     _, kh, kw = g["k"]
+    _, sh, sw = g["s"]
     _, pt, pl = g["pb"]
-    hp, wp = g["hp"], g["wp"]
+    hq, wq = g["hq"], g["wq"]
     m, oh, ow = out.shape[1], out.shape[3], out.shape[4]
     mbw = g["mb"]
     kernel = blocked.kernel_for(mbw)
-    plane, cb, nbk = blocked.plane_length(hp, wp, kw), c // blocked.CB, m // mbw
+    plane, cb, nbk = blocked.plane_length(hq, wq, kw, sh, sw), c // blocked.CB, m // mbw
     x8 = threads.scratch("conv.x8", (cb * plane * blocked.CB,), np.float32)
-    acc = threads.scratch("conv.acc", (m, hp * wp), np.float32)
+    acc = threads.scratch("conv.acc", (m, hq * wq), np.float32)
     accf, xf, wb = acc.reshape(-1), x5.reshape(-1), pw.blocked(mbw)
     nt = threads.num_threads()
     cblocks = split(cb, nt)
-    wide = nt > 1 and oh * wp >= 256 * nt
+    wide = nt > 1 and oh * wq >= 256 * nt
     blocks = split(oh, 2 * nt) if wide else split(nbk, nt)
     for n in range(nb):
         xo, on = n * c * h * w, out[n:n + 1]
 
         def reorder(i, xo=xo):
             b0, b1 = cblocks[i]
-            blocked.reorder8(xf, xo + b0 * blocked.CB * h * w, (b1 - b0) * blocked.CB, h, w, plane, hp, wp, pt, pl,
-                             x8, b0 * plane * blocked.CB)
+            blocked.reorder8(xf, xo + b0 * blocked.CB * h * w, (b1 - b0) * blocked.CB, h, w, plane, hq, wq, sh, sw,
+                             pt, pl, x8, b0 * plane * blocked.CB)
 
         def part(i, on=on):
             a, b = blocks[i]
             if wide:  # output rows [a, b), every channel block
-                kernel(x8, 0, wb, cb, plane, wp, kh, kw, m, hp * wp, 0, nbk, a * wp, b * wp, accf, 0)
-                _crop_rows(acc, hp, wp, oh, ow, bias, 0, a, b, on)
+                kernel(x8, 0, wb, cb, plane, wq, hq, sh, sw, kh, kw, m, hq * wq, 0, nbk, a * wq, b * wq, accf, 0)
+                _crop_rows(acc, hq, wq, oh, ow, bias, 0, a, b, on)
             else:  # channel blocks [a, b), every position
-                kernel(x8, 0, wb, cb, plane, wp, kh, kw, m, hp * wp, a, b, 0, oh * wp, accf, 0)
-                _crop_planes(acc, hp, wp, oh, ow, bias, 0, a * mbw, b * mbw, on)
+                kernel(x8, 0, wb, cb, plane, wq, hq, sh, sw, kh, kw, m, hq * wq, a, b, 0, oh * wq, accf, 0)
+                _crop_planes(acc, hq, wq, oh, ow, bias, 0, a * mbw, b * mbw, on)
 
         threads.parallel_for(reorder, len(cblocks))
         threads.parallel_for(part, len(blocks))

@@ -826,29 +826,30 @@ class Lowering:
         drops the padding columns as the shift strategy's does. The weights are stored as
         their own bytes and blocked at load (a transpose)."""
         c, h, w, m, kh, kw = p["c"], p["h"], p["w"], p["m"], p["kh"], p["kw"]
-        pt, pl, oh = p["pt"], p["pl"], p["oh"]
-        hp, wp = h + pt + p["pb"], w + pl + p["pr"]
-        plane, cb = blocked.plane_length(hp, wp, kw), c // blocked.CB
-        geo = (c, m, p["group"], kh, kw, p["sh"], p["sw"], p["dh"], p["dw"])
+        pt, pl, oh, sh, sw = p["pt"], p["pl"], p["oh"], p["sh"], p["sw"]
+        # stride 1: the padded plane; strided: its stride-phase planes (blocked.reorder8)
+        hq, wq = blocked.phase_extent(oh, kh, sh), blocked.phase_extent(p["ow"], kw, sw)
+        plane, cb = blocked.plane_length(hq, wq, kw, sh, sw), c // blocked.CB
+        geo = (c, m, p["group"], kh, kw, sh, sw, p["dh"], p["dw"])
         mbw = blocked.preferred(*geo, oh * p["ow"]) or blocked.block_for(m)  # forced: the form that applies
         kind = "conv16" if mbw == blocked.MB_WIDE else "conv8"
         shape, axes = blocked.blocked_weights_axes(m, c, kh, kw, mbw)
         wref = self.pack_transposed(wt.reshape(shape), axes)
         x8 = Ref(self.scratch(cb * plane * blocked.CB))
         pre = [{"kind": "reorder8", "x": xn.at(b0 * blocked.CB * h * w), "y": x8.at(b0 * plane * blocked.CB),
-                "args": [(b1 - b0) * blocked.CB, h, w, plane, hp, wp, pt, pl]} for b0, b1 in split(cb, nt, 1)]
-        ncols = oh * wp
+                "args": [(b1 - b0) * blocked.CB, h, w, plane, hq, wq, sh, sw, pt, pl]} for b0, b1 in split(cb, nt, 1)]
+        ncols = oh * wq
         acc_ref = Ref(self.scratch(m * ncols))
-        raw = epilogue((acc_ref, [0, ncols, wp, 1]))
+        raw = epilogue((acc_ref, [0, ncols, wq, 1]))
         nb = m // mbw
 
         def conv(mb0: int, mb1: int, t0: int, t1: int) -> dict[str, Any]:
             return {"kind": kind, "x": x8, "w": wref, "y": acc_ref,
-                    "args": [cb, plane, wp, kh, kw, m, ncols, mb0, mb1, t0, t1]}
+                    "args": [cb, plane, wq, hq, sh, sw, kh, kw, m, ncols, mb0, mb1, t0, t1]}
 
         # byoc's own kernel: split over the pool even where OpenBLAS's threads take the GEMMs
         if nt > 1 and ncols >= 256 * nt:  # wide: blocks of output rows
-            chunks = [[conv(0, nb, r0 * wp, r1 * wp)] + epi(raw, 1, r0, r1) for r0, r1 in split(oh, 2 * nt, 1)]
+            chunks = [[conv(0, nb, r0 * wq, r1 * wq)] + epi(raw, 1, r0, r1) for r0, r1 in split(oh, 2 * nt, 1)]
         else:  # narrow: blocks of output channels
             chunks = [[conv(b0, b1, 0, ncols)] + epi(raw, 0, b0 * mbw, b1 * mbw)
                       for b0, b1 in split(nb, nt, 1)]
@@ -904,7 +905,9 @@ class Lowering:
                        and p["dw"] == 1 and p["group"] == 1 and max(p["pt"], p["pl"], p["pb"], p["pr"]) <= 2
                        and side > 0)
         geo = (p["c"], p["m"], p["group"], p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"])
-        blocked_ok = blocked.applies(*geo) and waste_ok
+        # the blocked kernel's rows are its (phase) planes' width
+        blocked_ok = (blocked.applies(*geo)
+                      and blocked.phase_extent(p["ow"], p["kw"], p["sw"]) <= SHIFT_MAX_WASTE * p["ow"])
         forced = self.options["conv_strategy"]
         if forced == "winograd" and winograd_ok:
             return "winograd"

@@ -26,7 +26,7 @@ _ATTRS = {"alpha", "beta", "gamma", "lo", "hi"}
 _FIXED_SHAPE = {  # kind -> (ints, floats); must agree with emit.FIXED
     "pad": (8, 0), "phase": (10, 0), "im2col": (14, 0), "subsample": (7, 0), "conv_direct": (17, 0), "maxpool": (13, 0),
     "avgpool": (14, 0), "gpool": (3, 0), "softmax": (3, 0), "lrn": (3, 3), "copy": (4, 0), "winograd": (9, 0),
-    "reorder8": (8, 0), "conv8": (11, 0), "conv16": (11, 0),
+    "reorder8": (10, 0), "conv8": (14, 0), "conv16": (14, 0),
 }
 
 
@@ -291,7 +291,7 @@ class _Checker:
         self.ref(st["y"], f"{where}.y", y_ext, count, True)
         if kind == "conv_direct" and not a[15] < a[16] <= a[3]:
             raise _fail(f"{where}.args", "bad output channel range")
-        if kind in _BLOCKS and not (a[7] < a[8] <= -(-a[5] // _BLOCKS[kind]) and a[9] < a[10] <= a[6]):
+        if kind in _BLOCKS and not (a[10] < a[11] <= -(-a[8] // _BLOCKS[kind]) and a[12] < a[13] <= a[9]):
             raise _fail(f"{where}.args", "bad output channel block or position range")
         if kind in _WEIGHTED:
             self.ref(st["w"], f"{where}.w", _WEIGHTED[kind](a), 1, False)
@@ -384,8 +384,10 @@ def _winograd(a, w):
 
 
 def _reorder8(a, w):
-    c, h, wd, plane, hp, wp, pt, pl = a
-    _need(min(c, h, wd, hp, wp) >= 1 and hp >= pt + h and wp >= pl + wd and plane >= hp * wp, w, "bad padding")
+    c, h, wd, plane, hq, wq, sh, sw, pt, pl = a
+    _need(min(c, h, wd, hq, wq, sh, sw) >= 1 and plane >= sh * sw * hq * wq, w, "bad planes")
+    # stride 1 writes the input's rows at their padded place (strided: only inside the phases)
+    _need(sh * sw > 1 or (hq >= pt + h and wq >= pl + wd), w, "bad padding")
     return c * h * wd, -(-c // CB) * plane * CB
 
 
@@ -397,10 +399,13 @@ def _blocked_extents(mb):
     mr = tile_pixels(mb)
 
     def extents(a, w):
-        cb, plane, wp, kh, kw, m, ldc, mb0, mb1, t0, t1 = a
-        # a tile of mr positions reads every tap mr - 1 positions past its last one: the plane's slack
-        _need(min(cb, plane, wp, kh, kw, m, ldc) >= 1 and kw <= wp and (kh - 1) * wp + kw - 1 + t1 + mr - 1 <= plane,
-              w, "bad geometry")
+        cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1 = a
+        _need(min(cb, plane, wq, hq, sh, sw, kh, kw, m, ldc) >= 1, w, "bad geometry")
+        # the farthest tap: the last phase a tap reads, then its row and column offsets; a tile of
+        # mr positions reads every tap mr - 1 positions past its last one (the plane's slack)
+        last = (min(sh, kh) - 1) * sw + min(sw, kw) - 1
+        reach = last * hq * wq + (kh - 1) // sh * wq + (kw - 1) // sw
+        _need((kw - 1) // sw < wq and reach + t1 + mr - 1 <= plane, w, "bad geometry")
         return cb * plane * CB, (m - 1) * ldc + t1
 
     return extents
@@ -411,7 +416,7 @@ _WEIGHTED = {
     "conv_direct": lambda a: a[3] * a[4] * a[5] * a[6],  # m * cg * kh * kw
     "winograd": lambda a: a[3] * a[0] * 9,  # m * c * 3 * 3
     # blocks of m * cb * kh * kw * 8 * (16 or 32)
-    **{kind: (lambda a, mb=mb: -(-a[5] // mb) * a[0] * a[3] * a[4] * CB * mb) for kind, mb in _BLOCKS.items()},
+    **{kind: (lambda a, mb=mb: -(-a[8] // mb) * a[0] * a[6] * a[7] * CB * mb) for kind, mb in _BLOCKS.items()},
 }
 
 _FIXED_EXTENTS = {
