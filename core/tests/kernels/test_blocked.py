@@ -79,18 +79,19 @@ def test_blocked_weights_is_a_transpose_of_the_weights_bytes():
     np.testing.assert_array_equal(blocked.blocked_weights(wt, blocked.MB_WIDE), wt.reshape(shape).transpose(axes).ravel())
 
 
-@pytest.mark.parametrize("wide, env, m, positions, want", [
-    (True, "", 64, 196, 32), (True, "", 64, 49, 0), (True, "", 48, 196, 0), (True, "1", 48, 49, 16),
-    (False, "", 48, 49, 16), (False, "", 64, 196, 16), (True, "", 64, 196, 32),
+@pytest.mark.parametrize("wide, env, m, stride, side, want", [
+    (True, "", 64, 1, 14, 32), (True, "", 64, 1, 7, 0), (True, "", 64, 2, 7, 32), (True, "", 48, 1, 14, 0),
+    (True, "1", 48, 1, 7, 16), (False, "", 48, 1, 7, 16), (False, "", 64, 1, 14, 16),
 ])
-def test_preferred_form(monkeypatch, wide, env, m, positions, want):
-    # full-rate AVX-512: the wide form for whole blocks of 32 and big enough outputs, else the GEMMs
-    # (unless forced); elsewhere the 8-wide form
+def test_preferred_form(monkeypatch, wide, env, m, stride, side, want):
+    # full-rate AVX-512: the wide form for whole blocks of 32 where most positions its tiles compute
+    # are output pixels (3x3 at 7x7: 49 of 64, no; stride 2 to 7x7: 49 of 56, yes), else the
+    # GEMMs (unless forced); elsewhere the 8-wide form
     monkeypatch.setattr(blocked, "WIDE", wide)
     monkeypatch.setattr(blocked, "_ENV", env)
     monkeypatch.setattr(blocked, "PAYS", env != "0")
-    assert blocked.preferred(16, m, 1, 3, 3, 1, 1, 1, 1, positions) == want
-    assert blocked.preferred(16, m, 1, 3, 3, 1, 1, 2, 2, positions) == 0  # dilated: never
+    assert blocked.preferred(16, m, 1, 3, 3, stride, stride, 1, 1, side, side) == want
+    assert blocked.preferred(16, m, 1, 3, 3, 1, 1, 2, 2, side, side) == 0  # dilated: never
 
 
 @pytest.mark.parametrize("c, h, w, pt, pl, pb, pr", [(5, 3, 4, 1, 2, 0, 1), (8, 1, 1, 0, 0, 0, 0), (13, 4, 2, 2, 0, 1, 3)])
@@ -156,8 +157,8 @@ def test_host_conv_takes_the_blocked_kernel(wide, n, cmk, hw, pads, seed):
     wp = hw + 3 + pads[1] + pads[3]
     oh, ow = hw + pads[0] + pads[2] - k + 1, wp - k + 1
     # taken wherever the padded width wastes little; the wide form for whole blocks of 32 channels
-    # and outputs of at least WIDE_MIN_POSITIONS pixels (else byoc's GEMMs are faster there)
-    form_ok = not wide or (m % blocked.MB_WIDE == 0 and oh * ow >= blocked.WIDE_MIN_POSITIONS)
+    # where most positions its tiles compute are output pixels (else byoc's GEMMs are faster there)
+    form_ok = not wide or (m % blocked.MB_WIDE == 0 and blocked.useful_share(oh, ow, k, 1) >= blocked.WIDE_MIN_SHARE)
     assert bool(calls) == (wp <= 1.5 * ow and form_ok)
     assert_close(got, run_onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
 

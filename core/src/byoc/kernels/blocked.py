@@ -87,25 +87,34 @@ def block_for(m: int) -> int:
     return MB_WIDE if WIDE and m % MB_WIDE == 0 else MB
 
 
-#: on a :data:`WIDE` CPU, the blocked kernel from this many output positions: below, byoc's
-#: narrow-output GEMM is faster (ResNet-50's 512 -> 512 3x3 at 7x7 on 2 threads: 1.30 ms blocked
-#: against 1.15; at 14x14: 1.06 against 1.13)
-WIDE_MIN_POSITIONS = 100
+#: on a :data:`WIDE` CPU, the blocked kernel where at least this share of the positions its tiles
+#: compute are output pixels (:func:`useful_share`): below, byoc's narrow-output GEMM is faster.
+#: Measured on 2 threads, ResNet-50's 512 -> 512 3x3 layers: at 7x7 (49 of 64) 1.25-1.30 ms blocked
+#: against 1.15; 14x14 -> 7x7 stride 2 (49 of 56) 1.35 against 1.61-1.71; 256 -> 256 at 14x14
+#: (196 of 224) 0.99-1.06 against 1.13
+WIDE_MIN_SHARE = 0.8
+
+
+def useful_share(oh: int, ow: int, kw: int, sw: int) -> float:
+    """The share of the positions :func:`conv16`'s tiles compute (rows of the (phase) planes'
+    width, in whole tiles of :data:`MR_WIDE`) that are output pixels."""
+    ncols = oh * phase_extent(ow, kw, sw)
+    return oh * ow / (-(-ncols // MR_WIDE) * MR_WIDE)
 
 
 def preferred(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int,
-              positions: int) -> int:
-    """The block (:func:`block_for`) byoc's kernels run this convolution (``positions`` output
-    pixels per image) with by default, or 0 where they prefer another strategy: where the kernel
-    does not apply or :data:`PAYS` is off, and on a :data:`WIDE` CPU where only the 8-wide form
-    would apply or the output is small (byoc's GEMMs are faster there), unless
-    ``BYOC_BLOCKED_CONV=1``."""
+              oh: int, ow: int) -> int:
+    """The block (:func:`block_for`) byoc's kernels run this convolution (output ``oh x ow``)
+    with by default, or 0 where they prefer another strategy: where the kernel does not apply or
+    :data:`PAYS` is off, and on a :data:`WIDE` CPU where only the 8-wide form would apply or too
+    few of the positions its tiles compute are output pixels (:data:`WIDE_MIN_SHARE`; byoc's GEMMs
+    are faster there), unless ``BYOC_BLOCKED_CONV=1``."""
     if not (PAYS and applies(c, m, group, kh, kw, sh, sw, dh, dw)):
         return 0
     mb = block_for(m)
     if not WIDE or _ENV == "1":
         return mb
-    return mb if mb == MB_WIDE and positions >= WIDE_MIN_POSITIONS else 0
+    return mb if mb == MB_WIDE and useful_share(oh, ow, kw, sw) >= WIDE_MIN_SHARE else 0
 
 
 def tile_pixels(mb: int) -> int:
@@ -373,6 +382,6 @@ def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: 
             and c % CB == 0 and m % MB == 0)
 
 
-__all__ = ["CB", "HALF_RATE_512", "MB", "MB_WIDE", "MR", "MR_WIDE", "PAYS", "WIDE", "WIDE_MIN_POSITIONS", "applies", "block_for",
+__all__ = ["CB", "HALF_RATE_512", "MB", "MB_WIDE", "MR", "MR_WIDE", "PAYS", "WIDE", "WIDE_MIN_SHARE", "applies", "block_for",
            "blocked_weights", "blocked_weights_axes", "conv16", "conv8", "kernel_for", "phase_extent", "plane_length", "preferred",
-           "reorder8", "tile_pixels"]
+           "reorder8", "tile_pixels", "useful_share"]

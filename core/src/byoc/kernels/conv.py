@@ -814,12 +814,12 @@ def make_conv(spec: NodeSpec):
             g["how"] = "winograd"
             g["wm"] = winograd_tile(cg, m // group, *out_sp, own_gemm=own)
         elif (nd == 2 and compute_dtype(x.dtype) == np.float32
-              and blocked.preferred(c, m, group, *ksz, *strides, *dil, int(np.prod(out_sp)))
+              and blocked.preferred(c, m, group, *ksz, *strides, *dil, *out_sp)
               and blocked.phase_extent(out_sp[1], ksz[1], strides[1]) <= _SHIFT_MAX_WASTE * out_sp[1]):
             # the channel-blocked direct kernel (byoc-cpu's too): faster than the GEMMs here;
             # its rows are the (phase) planes' width: little waste
             g["how"] = "blocked"
-            g["mb"] = blocked.preferred(c, m, group, *ksz, *strides, *dil, int(np.prod(out_sp)))
+            g["mb"] = blocked.preferred(c, m, group, *ksz, *strides, *dil, *out_sp)
             g["hq"] = blocked.phase_extent(out_sp[0], ksz[0], strides[0])
             g["wq"] = blocked.phase_extent(out_sp[1], ksz[1], strides[1])
         else:

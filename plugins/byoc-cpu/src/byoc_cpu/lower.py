@@ -831,7 +831,7 @@ class Lowering:
         hq, wq = blocked.phase_extent(oh, kh, sh), blocked.phase_extent(p["ow"], kw, sw)
         plane, cb = blocked.plane_length(hq, wq, kw, sh, sw), c // blocked.CB
         geo = (c, m, p["group"], kh, kw, sh, sw, p["dh"], p["dw"])
-        mbw = blocked.preferred(*geo, oh * p["ow"]) or blocked.block_for(m)  # forced: the form that applies
+        mbw = blocked.preferred(*geo, oh, p["ow"]) or blocked.block_for(m)  # forced: the form that applies
         kind = "conv16" if mbw == blocked.MB_WIDE else "conv8"
         shape, axes = blocked.blocked_weights_axes(m, c, kh, kw, mbw)
         wref = self.pack_transposed(wt.reshape(shape), axes)
@@ -930,7 +930,7 @@ class Lowering:
             # the core's rule: with OpenBLAS's GEMMs (no full-width micro-kernel on this CPU), or
             # big layers where Winograd's fewer multiplies beat the shift strategy on byoc's GEMM
             return "winograd"
-        if blocked_ok and blocked.preferred(*geo, p["oh"] * p["ow"]) and forced == "auto":
+        if blocked_ok and blocked.preferred(*geo, p["oh"], p["ow"]) and forced == "auto":
             # the blocked direct kernel beats the GEMMs on these (shift and im2col alike)
             return "blocked"
         blas_shift_ok = FULL_WIDTH or shift_pays(p["cg"], p["m"] // p["group"])
