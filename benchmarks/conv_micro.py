@@ -13,6 +13,10 @@ weights) against onnxruntime with its default (all) graph optimisations, interle
 
 ``--threads N`` sets byoc's pool (``BYOC_NUM_THREADS``) and onnxruntime's intra-op threads to N;
 ``--threads 1`` compares one core against one core, which stays meaningful on a busy machine.
+
+``--cold MB`` writes a buffer of that many megabytes before every timed run (untimed), so that
+each layer starts with its weights and buffers out of the caches, as a layer inside a whole
+model does (its weights were last read one run ago); ``--cold 600`` evicts a 480 MB L3.
 """
 
 from __future__ import annotations
@@ -69,11 +73,13 @@ def conv_model(xshape, wshape, stride, pad, seed=0):
     return model, {"x": x}
 
 
-def best_of(fn, reps):
+def best_of(fn, reps, flush=None):
     for _ in range(3):
         fn()
     best = float("inf")
     for _ in range(reps):
+        if flush is not None:
+            flush()
         t = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t)
@@ -114,7 +120,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--layers", choices=["all", "3x3", "1x1"], default="all")
     ap.add_argument("--model", help="a model-zoo name (e.g. resnet50): time the whole model")
+    ap.add_argument("--cold", type=int, default=0, metavar="MB",
+                    help="write MB megabytes before every timed run: layers start with cold caches")
     args = ap.parse_args()
+    flush = None
+    if args.cold:
+        junk = np.zeros(args.cold << 18, np.float32)  # MB * 2**20 bytes
+
+        def flush() -> None:
+            junk[::16] += 1.0  # one write per 64-byte line
 
     if args.threads:
         os.environ["BYOC_NUM_THREADS"] = str(args.threads)  # read when byoc's kernels load
@@ -139,8 +153,8 @@ def main() -> None:
         ours = compiled.run(feeds)["y"]
         ref = sess.run(None, feeds)[0]
         np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3)
-        tb = best_of(lambda c=compiled, f=feeds: c.run(f), args.reps)
-        to = best_of(lambda s=sess, f=feeds: s.run(None, f), args.reps)
+        tb = best_of(lambda c=compiled, f=feeds: c.run(f), args.reps, flush)
+        to = best_of(lambda s=sess, f=feeds: s.run(None, f), args.reps, flush)
         total_b += tb * count
         total_o += to * count
         print(f"{str(xshape):>16} {str(wshape):>20} {stride} {count:2d} {tb * 1e3:9.3f} {to * 1e3:9.3f} {tb / to:7.2f}")

@@ -117,6 +117,11 @@ def _conv() -> onnx.ModelProto:
             if kw["k"] > 1:  # and with folded (writable) weights
                 b.outputs.remove(y)
                 b.op("BatchNormalization", [y, b.w([16], True), b.w([16]), b.w([16]), b.w([16], True)])
+    # the channel-blocked kernel's wide form (AVX-512 at full rate: output channels in blocks of
+    # 32), stride 1 and over stride phases (elsewhere these take the 8-wide form, as the 16s above)
+    for x in ("x_large", "x_small"):
+        for kw in (dict(c_out=32, k=3, pad=1), dict(c_out=32, k=3, stride=2, pad=1)):
+            b.conv(x, 32, **kw)
     _blocks(b)
     # the same again followed by BatchNormalization: folding gives writable weights, which
     # Numba compiles separately from the read-only ones the frontend hands out
