@@ -1198,10 +1198,10 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
 
 def _blocked_conv(x5, pw: _ConvWeights, g, bias, out):
     """A 2-D convolution by the channel-blocked direct kernel, image by image: the input
-    reordered into blocks of 8 channels (stride phases for a strided one; in parallel by
-    blocks), then blocks of output rows
-    (wide outputs) or of ``g["mb"]`` output channels into a planar accumulator of the padded
-    width, each cropped into ``out`` with the bias (as the shift strategy's)."""
+    reordered into blocks of 8 channels (their stride phases for a strided one; in parallel by
+    blocks), then blocks of output rows (wide outputs) or of ``g["mb"]`` output channels into a
+    planar accumulator of the (phase) planes' width, each cropped into ``out`` with the bias (as
+    the shift strategy's)."""
     nb, c = x5.shape[:2]
     h, w = x5.shape[3:]
     _, kh, kw = g["k"]
