@@ -36,7 +36,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from byoc.kernels.gemm import FULL_WIDTH, ir_accumulate, ir_vector_ops
+from byoc.kernels.gemm import FULL_WIDTH, ir_accumulate, ir_transpose_store, ir_vector_ops
 
 _U = np.uint64  # unsigned indices: no negative-index wraparound, so LLVM vectorises
 
@@ -122,41 +122,6 @@ def tile_pixels(mb: int) -> int:
     return MR_WIDE if mb == MB_WIDE else MR
 
 
-def _transpose_store(builder, vty, rows, py, ldc, count):
-    """Store the transpose of ``rows`` (up to 8 vectors of 8 floats: pixel ``i``'s 8 channels)
-    as 8 channel runs of ``count`` pixels each: ``py[k*ldc + i] = rows[i][k]``, through the
-    unpack / shuffle / 128-bit-lane steps of an 8x8 transpose (missing rows are undefined)."""
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    undef = ir.Constant(vty, ir.Undefined)
-    r = list(rows) + [undef] * (8 - len(rows))
-
-    def shuf(a, b, mask):
-        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, len(mask)), mask))
-
-    lo, hi = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
-    t = []
-    for k in range(0, 8, 2):
-        t += [shuf(r[k], r[k + 1], lo), shuf(r[k], r[k + 1], hi)]
-    pair_lo, pair_hi = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
-    u = []
-    for k in (0, 4):  # rows 0-3, rows 4-7
-        u += [shuf(t[k], t[k + 2], pair_lo), shuf(t[k], t[k + 2], pair_hi),
-              shuf(t[k + 1], t[k + 3], pair_lo), shuf(t[k + 1], t[k + 3], pair_hi)]
-    cols = [None] * 8
-    for k in range(4):
-        cols[k] = shuf(u[k], u[k + 4], [0, 1, 2, 3, 8, 9, 10, 11])
-        cols[k + 4] = shuf(u[k], u[k + 4], [4, 5, 6, 7, 12, 13, 14, 15])
-    for k in range(8):
-        dst = builder.gep(py, [builder.mul(ir.Constant(i64, k), ldc)])
-        done = 0
-        for width in (8, 4, 2, 1):
-            if count - done >= width:
-                piece = shuf(cols[k], undef, list(range(done, done + width)))
-                pty = ir.VectorType(ir.FloatType(), width).as_pointer()
-                builder.store(piece, builder.bitcast(builder.gep(dst, [ir.Constant(i64, done)]), pty), align=4)
-                done += width
-
-
 def _tile_codegen(mr: int, nv: int, vw: int):
     """The LLVM IR of one register tile: ``mr`` pixels x ``nv`` vectors of ``vw`` output channels."""
     mb = nv * vw
@@ -201,7 +166,7 @@ def _tile_codegen(mr: int, nv: int, vw: int):
                             base = builder.gep(py, [builder.add(builder.mul(ir.Constant(i64, v * vw + 8 * h), ldc_v),
                                                                 ir.Constant(i64, r0))])
                             rows = [half(final[i * nv + v], h) for i in range(r0, min(mr, r0 + 8))]
-                            _transpose_store(builder, vty8, rows, base, ldc_v, len(rows))
+                            ir_transpose_store(builder, vty8, rows, base, ldc_v, len(rows))
             with otherwise:
                 for i in range(mr * nv):
                     dst = builder.gep(pt, [ir.Constant(i64, i * vw)])

@@ -430,6 +430,43 @@ def ir_vector_ops(builder, width: int):
     return vty, fma, splat
 
 
+def ir_transpose_store(builder, vty, rows, py, ldc, count: int) -> None:
+    """Store the transpose of ``rows`` (up to 8 vectors of 8 floats: pixel ``i``'s 8 channels)
+    as 8 channel runs of ``count`` pixels each: ``py[k*ldc + i] = rows[i][k]``, through the
+    unpack / shuffle / 128-bit-lane steps of an 8x8 transpose (missing rows are undefined). The
+    planar store of the tiles that hold pixels x channels (the narrow form below,
+    :mod:`byoc.kernels.blocked`)."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    undef = ir.Constant(vty, ir.Undefined)
+    r = list(rows) + [undef] * (8 - len(rows))
+
+    def shuf(a, b, mask):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, len(mask)), mask))
+
+    lo, hi = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    t = []
+    for k in range(0, 8, 2):
+        t += [shuf(r[k], r[k + 1], lo), shuf(r[k], r[k + 1], hi)]
+    pair_lo, pair_hi = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    u = []
+    for k in (0, 4):  # rows 0-3, rows 4-7
+        u += [shuf(t[k], t[k + 2], pair_lo), shuf(t[k], t[k + 2], pair_hi),
+              shuf(t[k + 1], t[k + 3], pair_lo), shuf(t[k + 1], t[k + 3], pair_hi)]
+    cols = [None] * 8
+    for k in range(4):
+        cols[k] = shuf(u[k], u[k + 4], [0, 1, 2, 3, 8, 9, 10, 11])
+        cols[k + 4] = shuf(u[k], u[k + 4], [4, 5, 6, 7, 12, 13, 14, 15])
+    for k in range(8):
+        dst = builder.gep(py, [builder.mul(ir.Constant(i64, k), ldc)])
+        done = 0
+        for width in (8, 4, 2, 1):
+            if count - done >= width:
+                piece = shuf(cols[k], undef, list(range(done, done + width)))
+                pty = ir.VectorType(ir.FloatType(), width).as_pointer()
+                builder.store(piece, builder.bitcast(builder.gep(dst, [ir.Constant(i64, done)]), pty), align=4)
+                done += width
+
+
 def ir_accumulate(builder, count, n_acc: int, vty, body) -> list:
     """Emit ``for k in range(count): accs = body(k, accs)`` over ``n_acc`` vector accumulators
     that start at zero and stay in registers (phi nodes); returns their values after the loop
@@ -789,6 +826,29 @@ CW = _NVT * _W
 NARROW_MAX_COLS = 112
 
 
+def _narrow_body(builder, kc_v, pw, pb, pro, ppx):
+    """The narrow tile's loop: ``TR * _NVT`` accumulators (pixel ``r``'s vector ``v`` at
+    ``r * _NVT + v``) over ``kc_v`` rows of A's panel ``pw`` and of B (``pb``, row table ``pro``,
+    column offsets ``ppx``)."""
+    i64 = ir.IntType(64)
+    vty, fma, splat = ir_vector_ops(builder, _W)
+    vptr = vty.as_pointer()
+    pxs = [builder.load(builder.gep(ppx, [ir.Constant(i64, r)]), align=8) for r in range(TR)]
+
+    def body(k, accs):
+        wrow = builder.gep(pw, [builder.mul(k, ir.Constant(i64, CW))])
+        wv = [builder.load(builder.bitcast(builder.gep(wrow, [ir.Constant(i64, v * _W)]), vptr), align=4)
+              for v in range(_NVT)]
+        brow = builder.gep(pb, [builder.load(builder.gep(pro, [k]), align=8)])
+        new = []
+        for r in range(TR):
+            sv = splat(builder.load(builder.gep(brow, [pxs[r]]), align=4))
+            new += [fma(sv, wv[v], accs[r * _NVT + v]) for v in range(_NVT)]
+        return new
+
+    return ir_accumulate(builder, kc_v, TR * _NVT, vty, body), vty
+
+
 @intrinsic
 def _ukernel_t(typingctx, kc, w, woff, b, bo, rowoff, r0, px, pxo, s, soff, init):
     """``acc[r, i] = sum_k w[woff + k*CW + i] * b[bo + rowoff[r0 + k] + px[pxo + r]]`` for
@@ -803,24 +863,10 @@ def _ukernel_t(typingctx, kc, w, woff, b, bo, rowoff, r0, px, pxo, s, soff, init
         def data(i, value, off):
             return builder.gep(context.make_array(signature.args[i])(context, builder, value).data, [off])
 
-        pw, pb, pro = data(1, w_v, woff_v), data(3, b_v, bo_v), data(5, ro_v, r0_v)
-        ppx, ps = data(7, px_v, pxo_v), data(9, s_v, soff_v)
-        vty, fma, splat = ir_vector_ops(builder, _W)
+        fin, vty = _narrow_body(builder, kc_v, data(1, w_v, woff_v), data(3, b_v, bo_v), data(5, ro_v, r0_v),
+                                data(7, px_v, pxo_v))
         vptr = vty.as_pointer()
-        pxs = [builder.load(builder.gep(ppx, [ir.Constant(i64, r)]), align=8) for r in range(TR)]
-
-        def body(k, accs):
-            wrow = builder.gep(pw, [builder.mul(k, ir.Constant(i64, CW))])
-            wv = [builder.load(builder.bitcast(builder.gep(wrow, [ir.Constant(i64, v * _W)]), vptr), align=4)
-                  for v in range(_NVT)]
-            brow = builder.gep(pb, [builder.load(builder.gep(pro, [k]), align=8)])
-            new = []
-            for r in range(TR):
-                sv = splat(builder.load(builder.gep(brow, [pxs[r]]), align=4))
-                new += [fma(sv, wv[v], accs[r * _NVT + v]) for v in range(_NVT)]
-            return new
-
-        fin = ir_accumulate(builder, kc_v, TR * _NVT, vty, body)
+        ps = data(9, s_v, soff_v)
         init_b = builder.icmp_unsigned("!=", init_v, ir.Constant(init_v.type, 0))
         ptrs = [[builder.bitcast(builder.gep(ps, [ir.Constant(i64, r * CW + v * _W)]), vptr) for v in range(_NVT)]
                 for r in range(TR)]
@@ -834,6 +880,55 @@ def _ukernel_t(typingctx, kc, w, woff, b, bo, rowoff, r0, px, pxo, s, soff, init
                     for v in range(_NVT):
                         builder.store(builder.fadd(builder.load(ptrs[r][v], align=4), fin[r * _NVT + v]),
                                       ptrs[r][v], align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _ukernel_t_out(typingctx, kc, w, woff, b, bo, rowoff, r0, px, pxo, s, soff, first, c, co, ldc, bias, bi):
+    """:func:`_ukernel_t` for a whole tile's last depth block, stored straight into C: ``c[co +
+    i*ldc + r] = acc[r, i] + bias[bi + i]`` (plus ``s[soff + r*CW + i]``, the earlier depth
+    blocks' sums, unless ``first``), for all TR columns and CW rows, through 8x8 transposes (no
+    scalar copy through ``s``)."""
+    sig = types.void(types.intp, w, types.intp, b, types.intp, rowoff, types.intp, px, types.intp, s, types.intp,
+                     types.boolean, c, types.intp, types.intp, bias, types.intp)
+
+    def codegen(context, builder, signature, args):
+        kc_v, w_v, woff_v, b_v, bo_v, ro_v, r0_v, px_v, pxo_v, s_v, soff_v, first_v, c_v, co_v, ldc_v, bias_v, bi_v = args
+        i64 = ir.IntType(64)
+
+        def data(i, value, off):
+            return builder.gep(context.make_array(signature.args[i])(context, builder, value).data, [off])
+
+        fin, vty = _narrow_body(builder, kc_v, data(1, w_v, woff_v), data(3, b_v, bo_v), data(5, ro_v, r0_v),
+                                data(7, px_v, pxo_v))
+        vptr = vty.as_pointer()
+        ps, pc, pbias = data(9, s_v, soff_v), data(12, c_v, co_v), data(15, bias_v, bi_v)
+        bvec = [builder.load(builder.bitcast(builder.gep(pbias, [ir.Constant(i64, v * _W)]), vptr), align=4)
+                for v in range(_NVT)]
+        out = [builder.fadd(fin[r * _NVT + v], bvec[v]) for r in range(TR) for v in range(_NVT)]
+        first_b = builder.icmp_unsigned("!=", first_v, ir.Constant(first_v.type, 0))
+        entry = builder.block
+        with builder.if_then(builder.not_(first_b)):
+            more = [builder.fadd(out[r * _NVT + v], builder.load(builder.bitcast(
+                builder.gep(ps, [ir.Constant(i64, r * CW + v * _W)]), vptr), align=4))
+                for r in range(TR) for v in range(_NVT)]
+            added = builder.block
+        merged = []
+        for value, extra in zip(out, more):
+            phi = builder.phi(vty)
+            phi.add_incoming(value, entry)
+            phi.add_incoming(extra, added)
+            merged.append(phi)
+        vty8 = ir.VectorType(ir.FloatType(), 8)
+        for v in range(_NVT):
+            for h in range(_W // 8):
+                mask = ir.Constant(ir.VectorType(ir.IntType(32), 8), list(range(8 * h, 8 * h + 8)))
+                rows = [builder.shuffle_vector(merged[r * _NVT + v], ir.Constant(vty, ir.Undefined), mask)
+                        for r in range(TR)]
+                base = builder.gep(pc, [builder.mul(ir.Constant(i64, v * _W + 8 * h), ldc_v)])
+                ir_transpose_store(builder, vty8, rows, base, ldc_v, TR)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -884,18 +979,27 @@ def _gemm_narrow(wt, m, k, b, bo, rows, c, co, ldc, j_lo, j_hi, period, valid, a
     for t in range(nt):
         for r in range(TR):
             px[t * TR + r] = first[t] + min(r, count[t] - 1)
+    nkb = (k + _KC - 1) // _KC
     for iq in range((m + CW - 1) // CW):
         if k == 0:
             s[:] = 0
-        for pcb in range((k + _KC - 1) // _KC):
+        # whole tiles of a whole panel, overwriting C: the last depth block stores straight into C
+        direct = not accumulate and k > 0 and m - iq * CW >= CW
+        for pcb in range(nkb):
             pc = pcb * _KC
             kc = min(_KC, k - pc)
             for t in range(nt):
-                _ukernel_t(kc, wt, (iq * k + pc) * CW, b, bo, rows, pc, px, t * TR, s, t * TR * CW, pcb == 0)
+                if direct and pcb == nkb - 1 and count[t] == TR:
+                    _ukernel_t_out(kc, wt, (iq * k + pc) * CW, b, bo, rows, pc, px, t * TR, s, t * TR * CW, pcb == 0,
+                                   c, co + iq * CW * ldc + first[t], ldc, bias, iq * CW)
+                else:
+                    _ukernel_t(kc, wt, (iq * k + pc) * CW, b, bo, rows, pc, px, t * TR, s, t * TR * CW, pcb == 0)
         for i in range(min(CW, m - iq * CW)):
             o = co + (iq * CW + i) * ldc
             bi = bias[iq * CW + i]
             for t in range(nt):
+                if direct and count[t] == TR:
+                    continue  # stored by _ukernel_t_out
                 base = o + first[t]
                 src = t * TR * CW + i
                 if accumulate:
