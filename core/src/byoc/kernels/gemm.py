@@ -826,10 +826,17 @@ CW = _NVT * _W
 NARROW_MAX_COLS = 112
 
 
-def _narrow_body(builder, kc_v, pw, pb, pro, ppx):
-    """The narrow tile's loop: ``TR * _NVT`` accumulators (pixel ``r``'s vector ``v`` at
-    ``r * _NVT + v``) over ``kc_v`` rows of A's panel ``pw`` and of B (``pb``, row table ``pro``,
-    column offsets ``ppx``)."""
+def _narrow_body(context, builder, signature, args):
+    """The narrow tile's loop, for the intrinsics whose first ten arguments are ``kc, w, woff, b,
+    bo, rowoff, r0, px, pxo, s``: ``(accumulators, vector type, data)``, ``TR * _NVT``
+    accumulators (pixel ``r``'s vector ``v`` at ``r * _NVT + v``) over ``kc`` rows of A's panel
+    and of B; ``data(i, off)`` points at element ``off`` of array argument ``i``."""
+
+    def data(i, off):
+        return builder.gep(context.make_array(signature.args[i])(context, builder, args[i]).data, [off])
+
+    kc_v = args[0]
+    pw, pb, pro, ppx = data(1, args[2]), data(3, args[4]), data(5, args[6]), data(7, args[8])
     i64 = ir.IntType(64)
     vty, fma, splat = ir_vector_ops(builder, _W)
     vptr = vty.as_pointer()
@@ -846,7 +853,7 @@ def _narrow_body(builder, kc_v, pw, pb, pro, ppx):
             new += [fma(sv, wv[v], accs[r * _NVT + v]) for v in range(_NVT)]
         return new
 
-    return ir_accumulate(builder, kc_v, TR * _NVT, vty, body), vty
+    return ir_accumulate(builder, kc_v, TR * _NVT, vty, body), vty, data
 
 
 @intrinsic
@@ -857,16 +864,11 @@ def _ukernel_t(typingctx, kc, w, woff, b, bo, rowoff, r0, px, pxo, s, soff, init
                      types.boolean)
 
     def codegen(context, builder, signature, args):
-        kc_v, w_v, woff_v, b_v, bo_v, ro_v, r0_v, px_v, pxo_v, s_v, soff_v, init_v = args
+        init_v = args[11]
         i64 = ir.IntType(64)
-
-        def data(i, value, off):
-            return builder.gep(context.make_array(signature.args[i])(context, builder, value).data, [off])
-
-        fin, vty = _narrow_body(builder, kc_v, data(1, w_v, woff_v), data(3, b_v, bo_v), data(5, ro_v, r0_v),
-                                data(7, px_v, pxo_v))
+        fin, vty, data = _narrow_body(context, builder, signature, args)
         vptr = vty.as_pointer()
-        ps = data(9, s_v, soff_v)
+        ps = data(9, args[10])
         init_b = builder.icmp_unsigned("!=", init_v, ir.Constant(init_v.type, 0))
         ptrs = [[builder.bitcast(builder.gep(ps, [ir.Constant(i64, r * CW + v * _W)]), vptr) for v in range(_NVT)]
                 for r in range(TR)]
@@ -895,16 +897,11 @@ def _ukernel_t_out(typingctx, kc, w, woff, b, bo, rowoff, r0, px, pxo, s, soff, 
                      types.boolean, c, types.intp, types.intp, bias, types.intp)
 
     def codegen(context, builder, signature, args):
-        kc_v, w_v, woff_v, b_v, bo_v, ro_v, r0_v, px_v, pxo_v, s_v, soff_v, first_v, c_v, co_v, ldc_v, bias_v, bi_v = args
+        first_v, ldc_v = args[11], args[14]
         i64 = ir.IntType(64)
-
-        def data(i, value, off):
-            return builder.gep(context.make_array(signature.args[i])(context, builder, value).data, [off])
-
-        fin, vty = _narrow_body(builder, kc_v, data(1, w_v, woff_v), data(3, b_v, bo_v), data(5, ro_v, r0_v),
-                                data(7, px_v, pxo_v))
+        fin, vty, data = _narrow_body(context, builder, signature, args)
         vptr = vty.as_pointer()
-        ps, pc, pbias = data(9, s_v, soff_v), data(12, c_v, co_v), data(15, bias_v, bi_v)
+        ps, pc, pbias = data(9, args[10]), data(12, args[13]), data(15, args[16])
         bvec = [builder.load(builder.bitcast(builder.gep(pbias, [ir.Constant(i64, v * _W)]), vptr), align=4)
                 for v in range(_NVT)]
         out = [builder.fadd(fin[r * _NVT + v], bvec[v]) for r in range(TR) for v in range(_NVT)]
