@@ -36,7 +36,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from byoc.kernels.gemm import FULL_WIDTH, ir_accumulate, ir_transpose_store, ir_vector_ops
+from byoc.kernels.gemm import FULL_WIDTH, ir_accumulate, ir_store_tile, ir_vector_ops
 
 _U = np.uint64  # unsigned indices: no negative-index wraparound, so LLVM vectorises
 
@@ -129,7 +129,6 @@ def _tile_codegen(mr: int, nv: int, vw: int):
     def codegen(context, builder, signature, args):
         nt_v, x_v, xoff_v, to_v, w_v, woff_v, t_v, y_v, yo_v, ldc_v, direct_v = args
         vty, fma, splat = ir_vector_ops(builder, vw)
-        vty8 = ir.VectorType(ir.FloatType(), 8)
         vptr = vty.as_pointer()
         i64 = ir.IntType(64)
         px = builder.gep(context.make_array(signature.args[1])(context, builder, x_v).data, [xoff_v])
@@ -151,22 +150,10 @@ def _tile_codegen(mr: int, nv: int, vw: int):
                         cur[i * nv + v] = fma(s, bv[v], cur[i * nv + v])
             return cur
 
-        def half(vec, h):  # lanes [8h, 8h + 8) of a vector
-            if vw == 8:
-                return vec
-            mask = ir.Constant(ir.VectorType(ir.IntType(32), 8), list(range(8 * h, 8 * h + 8)))
-            return builder.shuffle_vector(vec, ir.Constant(vty, ir.Undefined), mask)
-
         final = ir_accumulate(builder, nt_v, mr * nv, vty, body)
         with builder.if_else(direct_v) as (then, otherwise):
             with then:
-                for v in range(nv):
-                    for h in range(vw // 8):
-                        for r0 in range(0, mr, 8):  # an 8x8 transpose per 8 channels and up to 8 pixels
-                            base = builder.gep(py, [builder.add(builder.mul(ir.Constant(i64, v * vw + 8 * h), ldc_v),
-                                                                ir.Constant(i64, r0))])
-                            rows = [half(final[i * nv + v], h) for i in range(r0, min(mr, r0 + 8))]
-                            ir_transpose_store(builder, vty8, rows, base, ldc_v, len(rows))
+                ir_store_tile(builder, vty, final, mr, nv, py, ldc_v)
             with otherwise:
                 for i in range(mr * nv):
                     dst = builder.gep(pt, [ir.Constant(i64, i * vw)])

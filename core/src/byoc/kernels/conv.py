@@ -805,6 +805,8 @@ def make_conv(spec: NodeSpec):
         pointwise = all(k == 1 for k in ksz) and not any(pb) and not any(pe)
         kvol = int(np.prod(ksz))
         own = compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg)
+        # the channel-blocked kernel's block of output channels where it beats the GEMMs, else 0
+        block = blocked.preferred(c, m, group, *ksz, *strides, *dil, *out_sp) if nd == 2 else 0
         if pointwise:
             g["how"] = "pointwise"
         elif group > 1 and cg < _DIRECT_MAX_CHANNELS:
@@ -813,13 +815,12 @@ def make_conv(spec: NodeSpec):
               and winograd_tile(cg, m // group, *out_sp, own_gemm=own)):
             g["how"] = "winograd"
             g["wm"] = winograd_tile(cg, m // group, *out_sp, own_gemm=own)
-        elif (nd == 2 and compute_dtype(x.dtype) == np.float32
-              and blocked.preferred(c, m, group, *ksz, *strides, *dil, *out_sp)
+        elif (block and compute_dtype(x.dtype) == np.float32
               and blocked.phase_extent(out_sp[1], ksz[1], strides[1]) <= _SHIFT_MAX_WASTE * out_sp[1]):
             # the channel-blocked direct kernel (byoc-cpu's too): faster than the GEMMs here;
             # its rows are the (phase) planes' width: little waste
             g["how"] = "blocked"
-            g["mb"] = blocked.preferred(c, m, group, *ksz, *strides, *dil, *out_sp)
+            g["mb"] = block
             g["hq"] = blocked.phase_extent(out_sp[0], ksz[0], strides[0])
             g["wq"] = blocked.phase_extent(out_sp[1], ksz[1], strides[1])
         else:

@@ -467,6 +467,25 @@ def ir_transpose_store(builder, vty, rows, py, ldc, count: int) -> None:
                 done += width
 
 
+def ir_store_tile(builder, vty, accs, mr: int, nv: int, py, ldc) -> None:
+    """Store a register tile of ``mr`` pixels x ``nv`` vectors of ``vty`` (``accs[i*nv + v]``:
+    pixel ``i``'s channels ``[v*W, (v+1)*W)``) into planar output: channel ``j`` of pixel ``i``
+    at ``py[j*ldc + i]``, through an 8x8 transpose (:func:`ir_transpose_store`) per 8 lanes and
+    up to 8 pixels."""
+    i64, vw = ir.IntType(64), vty.count
+    vty8 = ir.VectorType(ir.FloatType(), 8)
+    for v in range(nv):
+        for h in range(vw // 8):
+            mask = ir.Constant(ir.VectorType(ir.IntType(32), 8), list(range(8 * h, 8 * h + 8)))
+            for r0 in range(0, mr, 8):
+                rows = [accs[i * nv + v] if vw == 8 else
+                        builder.shuffle_vector(accs[i * nv + v], ir.Constant(vty, ir.Undefined), mask)
+                        for i in range(r0, min(mr, r0 + 8))]
+                base = builder.gep(py, [builder.add(builder.mul(ir.Constant(i64, v * vw + 8 * h), ldc),
+                                                    ir.Constant(i64, r0))])
+                ir_transpose_store(builder, vty8, rows, base, ldc, len(rows))
+
+
 def ir_accumulate(builder, count, n_acc: int, vty, body) -> list:
     """Emit ``for k in range(count): accs = body(k, accs)`` over ``n_acc`` vector accumulators
     that start at zero and stay in registers (phi nodes); returns their values after the loop
@@ -918,14 +937,7 @@ def _ukernel_t_out(typingctx, kc, w, woff, b, bo, rowoff, r0, px, pxo, s, soff, 
             phi.add_incoming(value, entry)
             phi.add_incoming(extra, added)
             merged.append(phi)
-        vty8 = ir.VectorType(ir.FloatType(), 8)
-        for v in range(_NVT):
-            for h in range(_W // 8):
-                mask = ir.Constant(ir.VectorType(ir.IntType(32), 8), list(range(8 * h, 8 * h + 8)))
-                rows = [builder.shuffle_vector(merged[r * _NVT + v], ir.Constant(vty, ir.Undefined), mask)
-                        for r in range(TR)]
-                base = builder.gep(pc, [builder.mul(ir.Constant(i64, v * _W + 8 * h), ldc_v)])
-                ir_transpose_store(builder, vty8, rows, base, ldc_v, TR)
+        ir_store_tile(builder, vty, merged, TR, _NVT, pc, ldc_v)
         return context.get_dummy_value()
 
     return sig, codegen
