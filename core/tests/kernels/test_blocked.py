@@ -1,5 +1,6 @@
 """The channel-blocked direct convolution (``byoc.kernels.blocked``) against a NumPy reference,
-over random shapes, paddings and splits of its output (channel blocks, position ranges)."""
+over random shapes, paddings, output row widths (the output's own or the planes') and splits of
+its output (channel blocks, row ranges)."""
 
 from __future__ import annotations
 
@@ -23,14 +24,14 @@ def cases(draw):
     if h + pt + pb < kh or w + pl + pr < kw:
         pb, pr = kh, kw
     parts = draw(st.integers(1, 3))
-    return (mb, c, m, kh, kw, sh, sw, h, w, pt, pb, pl, pr, parts, draw(st.booleans()),
+    return (mb, c, m, kh, kw, sh, sw, h, w, pt, pb, pl, pr, parts, draw(st.booleans()), draw(st.booleans()),
             draw(st.integers(0, 2**31 - 1)))
 
 
 @settings(max_examples=60, deadline=None)
 @given(cases())
 def test_blocked_kernels_match_reference(case):
-    mb, c, m, kh, kw, sh, sw, h, w, pt, pb, pl, pr, parts, by_channels, seed = case
+    mb, c, m, kh, kw, sh, sw, h, w, pt, pb, pl, pr, parts, by_channels, own_rows, seed = case
     kernel = blocked.kernel_for(mb)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((c, h, w)).astype(np.float32)
@@ -43,27 +44,30 @@ def test_blocked_kernels_match_reference(case):
     xf = np.concatenate([np.full(xo, np.nan, np.float32), x.ravel()])
     x8 = np.full(xo + c // 8 * L * 8, np.nan, np.float32)
     blocked.reorder8(xf, xo, c, h, w, L, hq, wq, sh, sw, pt, pl, x8, xo)
-    ncols = oh * wq
-    y = np.full(yo + m * ncols, np.nan, np.float32)
+    ldr = ow if own_rows else wq  # output rows: the output's own (in place) or the planes' width
+    ncols = oh * ldr
+    y = np.full(yo + m * ncols + 7, np.nan, np.float32)
     wb = blocked.blocked_weights(wt, mb)
+    bias = np.concatenate([[np.nan], rng.standard_normal(m)]).astype(np.float32)  # from offset 1
     nb = m // mb
     if by_channels:
         cuts = np.linspace(0, nb, parts + 1).astype(int)
         for a, b in zip(cuts[:-1], cuts[1:]):
-            kernel(x8, xo, wb, c // 8, L, wq, hq, sh, sw, kh, kw, m, ncols, a, b, 0, ncols, y, yo)
+            kernel(x8, xo, wb, bias, 1, c // 8, L, wq, hq, sh, sw, kh, kw, m, ncols, a, b, 0, oh, ldr, y, yo)
     else:
-        cuts = np.linspace(0, oh, parts + 1).astype(int) * wq
+        cuts = np.linspace(0, oh, parts + 1).astype(int)
         for a, b in zip(cuts[:-1], cuts[1:]):
-            kernel(x8, xo, wb, c // 8, L, wq, hq, sh, sw, kh, kw, m, ncols, 0, nb, a, b, y, yo)
+            kernel(x8, xo, wb, bias, 1, c // 8, L, wq, hq, sh, sw, kh, kw, m, ncols, 0, nb, a, b, ldr, y, yo)
     xp = np.zeros((c, hp, wp), np.float64)
     xp[:, pt:pt + h, pl:pl + w] = x
-    ref = np.zeros((m, oh, ow))
+    ref = np.zeros((m, oh, ow)) + bias[1:, None, None]
     for a in range(kh):
         for b in range(kw):
             ref += np.einsum("mc,chw->mhw", wt[:, :, a, b], xp[:, a:a + sh * (oh - 1) + 1:sh, b:b + sw * (ow - 1) + 1:sw])
-    got = y[yo:].reshape(m, oh, wq)[:, :, :ow]
-    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
-    assert np.isfinite(y[yo:].reshape(m, oh, wq)).all()  # the padded columns are computed too, from zeros
+    got = y[yo:yo + m * ncols].reshape(m, oh, ldr)
+    np.testing.assert_allclose(got[:, :, :ow], ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
+    assert np.isfinite(got).all()  # with the planes' width the padded columns are computed too, from zeros
+    assert np.isnan(y[:yo]).all() and np.isnan(y[yo + m * ncols:]).all()  # nothing written outside
 
 
 def test_blocked_weights_is_a_transpose_of_the_weights_bytes():
@@ -80,12 +84,14 @@ def test_blocked_weights_is_a_transpose_of_the_weights_bytes():
 
 
 @pytest.mark.parametrize("wide, env, m, stride, side, want", [
-    (True, "", 64, 1, 14, 32), (True, "", 64, 1, 7, 0), (True, "", 64, 2, 7, 32), (True, "", 48, 1, 14, 0),
+    (True, "", 64, 1, 14, 32), (True, "", 64, 1, 7, 32), (True, "", 64, 2, 7, 32), (True, "", 48, 1, 14, 0),
+    (True, "", 64, 1, 9, 0), (True, "", 64, 1, 13, 32), (True, "", 64, 1, 30, 32), (True, "1", 64, 1, 9, 32),
     (True, "1", 48, 1, 7, 16), (False, "", 48, 1, 7, 16), (False, "", 64, 1, 14, 16),
 ])
 def test_preferred_form(monkeypatch, wide, env, m, stride, side, want):
     # full-rate AVX-512: the wide form for whole blocks of 32 where most positions its tiles compute
-    # are output pixels (3x3 at 7x7: 49 of 64, no; stride 2 to 7x7: 49 of 56, yes), else the
+    # are output pixels (rows of 7: one tile of 7; of 13: 13 of 14; of 9: 9 of 14 as rows of their
+    # own, 63 of 84 over the planes' width, no; of 30: 30 of 32 over the planes' width), else the
     # GEMMs (unless forced); elsewhere the 8-wide form
     monkeypatch.setattr(blocked, "WIDE", wide)
     monkeypatch.setattr(blocked, "_ENV", env)
@@ -158,7 +164,7 @@ def test_host_conv_takes_the_blocked_kernel(wide, n, cmk, hw, pads, seed):
     oh, ow = hw + pads[0] + pads[2] - k + 1, wp - k + 1
     # taken wherever the padded width wastes little; the wide form for whole blocks of 32 channels
     # where most positions its tiles compute are output pixels (else byoc's GEMMs are faster there)
-    form_ok = not wide or (m % blocked.MB_WIDE == 0 and blocked.useful_share(oh, ow, k, 1) >= blocked.WIDE_MIN_SHARE)
+    form_ok = not wide or (m % blocked.MB_WIDE == 0 and blocked.useful_share(oh, ow, ow + k - 1) >= blocked.WIDE_MIN_SHARE)
     assert bool(calls) == (wp <= 1.5 * ow and form_ok)
     assert_close(got, run_onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
 
@@ -167,3 +173,12 @@ def test_host_conv_takes_the_blocked_kernel(wide, n, cmk, hw, pads, seed):
 def test_blocked_conv_switch(monkeypatch, env, want):
     monkeypatch.setenv("BYOC_BLOCKED_CONV", env)
     assert blocked._pays() is want
+
+
+@pytest.mark.parametrize("run, want, rows", [(1, 7, False), (7, 7, True), (8, 14, False), (14, 14, True), (21, 21, True),
+                                             (30, 35, False), (56, 56, True), (55, 56, True)])
+def test_positions_computed(run, want, rows):
+    # tiles of 14 pixels, a rest of at most 7 in a tile of 7; rows of their own where that computes
+    # no more than the planes' width (3x3: two more)
+    assert blocked.computed(run) == want
+    assert blocked.own_rows(run, run + 2) is rows

@@ -254,9 +254,9 @@ def _assert_refused_with(model, strategy: str, kind: str, index: int, value: int
 
 @pytest.mark.parametrize("wide, kind", [(False, "conv8"), (True, "conv16")])
 @pytest.mark.parametrize("index, value", [(13, 10**6), (1, 5), (11, 9), (8, 10**6), (9, 1), (0, 10**4),
-                                          (4, 0), (6, 10**3)])
+                                          (4, 0), (6, 10**3), (14, 10**3), (14, 0), (12, -1)])
 def test_verifier_refuses_a_blocked_conv_reaching_past_its_buffers(monkeypatch, wide, kind, index, value):
-    # conv8 / conv16 args: cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1; each change
+    # conv8 / conv16 args: cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow; each change
     # reads or writes past a buffer (positions, the plane's slack, channel blocks, the weights, the
     # output, the phase planes) or divides by zero (a stride of 0)
     monkeypatch.setattr("byoc.kernels.blocked.WIDE", wide)

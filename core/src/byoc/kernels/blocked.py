@@ -8,22 +8,26 @@ in twelve 8-float registers; for every (channel block, tap) the kernel loads 16 
 channel and broadcasts 6 input values, with the 8 channels of the block unrolled: 12 FMAs per
 2 weight loads and 6 broadcasts, no im2col, no operand packing per call.
 
-Like the shift strategy it computes every position of the padded width (``oh * wp`` outputs
-per channel, the ``wp - ow`` extra columns of each row are dropped by the caller's epilogue),
-so one tap is one fixed offset into the plane and a tile may span rows. A strided convolution
-reads stride-phase planes instead (as the phase-shift strategy's): the reorder writes the
-``sh * sw`` phases of each channel block, each ``(oh + (kh-1)//sh, ow + (kw-1)//sw)`` pixels,
-and tap ``(a, d)`` is again one fixed offset, into phase ``(a % sh, d % sw)``.
+One tap is one fixed offset into the plane: output pixel ``(i, j)`` reads the plane's position
+``i * wp + j`` at each tap's offset. The kernels write output rows of any width ``ow``: where
+``ow`` is the plane's width (every position of the padded width, as the shift strategy's; the
+caller's epilogue drops the ``wp - ow`` extra columns) the tiles run over the rows as one run of
+positions and may span rows; where ``ow`` is the output's own width each row is cut into tiles
+and the output is written in place, nothing computed for the padding columns. A strided
+convolution reads stride-phase planes instead (as the phase-shift strategy's): the reorder
+writes the ``sh * sw`` phases of each channel block, each ``(oh + (kh-1)//sh, ow + (kw-1)//sw)``
+pixels, and tap ``(a, d)`` is again one fixed offset, into phase ``(a % sh, d % sw)``.
 
 Measured on the development machine (AVX2, one core, ResNet-50's 3x3 shapes 56x56x64 to
 7x7x512): 62-89 GFLOP/s against 49-77 for the shift strategy's OpenBLAS GEMMs on the same
 planar output (docs/speed.md, round five).
 
 The wide form (:func:`conv16`) is the same kernel in 16-float vectors for CPUs that run them at
-full rate (:data:`WIDE`): tiles of 8 pixels x 32 channels in sixteen registers, weights blocked
-``[M/32][C/8][kh][kw][8][32]``, the input layout unchanged. On an Intel Xeon with AVX-512
-(one core, the same shapes): 123-163 GFLOP/s, against 80-108 for the 8-wide form and OpenBLAS's
-square SGEMM at 153 (docs/speed.md, round ten).
+full rate (:data:`WIDE`): tiles of 14 pixels x 32 channels in 28 registers (a rest of at most 7
+pixels in a tile of 7), weights blocked ``[M/32][C/8][kh][kw][8][32]``, the input layout unchanged. On an
+Intel Xeon with AVX-512 (one core, the same shapes, each row its own tiles): 155-208 GFLOP/s,
+against 125-186 for tiles of 8 pixels over the padded width and OpenBLAS's square SGEMM at 166
+(docs/speed.md, rounds ten and eleven).
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ _U = np.uint64  # unsigned indices: no negative-index wraparound, so LLVM vector
 MR, NV, VW, CB = 6, 2, 8, 8
 #: output channels per weight block
 MB = NV * VW
-#: the wide form (:func:`conv16`, 16-float vectors): pixels per tile, output channels per block
-MR_WIDE, MB_WIDE = 8, 32
+#: the wide form (:func:`conv16`, 16-float vectors): pixels per tile (:data:`MR_SHORT` for a rest
+#: of at most that many), output channels per block
+MR_WIDE, MR_SHORT, MB_WIDE = 14, 7, 32
 
 #: CPUs whose AVX-512 units split each 512-bit FMA into two 256-bit halves (LLVM's CPU names):
 #: there byoc's 16-wide GEMM has no more FMA throughput than this 8-wide kernel, and this one
@@ -89,37 +94,59 @@ def block_for(m: int) -> int:
 
 #: on a :data:`WIDE` CPU, the blocked kernel where at least this share of the positions its tiles
 #: compute are output pixels (:func:`useful_share`): below, byoc's narrow-output GEMM is faster.
-#: Measured on 2 threads, ResNet-50's 512 -> 512 3x3 layers: at 7x7 (49 of 64) 1.25-1.30 ms blocked
-#: against 1.15; 14x14 -> 7x7 stride 2 (49 of 56) 1.35 against 1.61-1.71; 256 -> 256 at 14x14
-#: (196 of 224) 0.99-1.06 against 1.13
+#: Measured on 2 threads with tiles of 8 over the padded width, ResNet-50's 512 -> 512 3x3 layers:
+#: at 7x7 (49 of 64) 1.25-1.30 ms blocked against 1.15; 14x14 -> 7x7 stride 2 (49 of 56) 1.35
+#: against 1.61-1.71; 256 -> 256 at 14x14 (196 of 224) 0.99-1.06 against 1.13
 WIDE_MIN_SHARE = 0.8
 
 
-def useful_share(oh: int, ow: int, kw: int, sw: int) -> float:
-    """The share of the positions :func:`conv16`'s tiles compute (rows of the (phase) planes'
-    width, in whole tiles of :data:`MR_WIDE`) that are output pixels."""
-    ncols = oh * phase_extent(ow, kw, sw)
-    return oh * ow / (-(-ncols // MR_WIDE) * MR_WIDE)
+def tile_pixels(mb: int) -> int:
+    """Pixels per register tile of the form with ``mb`` output channels per block (the most: a
+    run of positions whose last tile has at most :data:`MR_SHORT` left takes a tile of that many)."""
+    return MR_WIDE if mb == MB_WIDE else MR
+
+
+def computed(run: int) -> int:
+    """Positions :func:`conv16`'s tiles compute for a run of ``run``: whole tiles of :data:`MR_WIDE`,
+    the rest in one of :data:`MR_SHORT` where it fits."""
+    rest = run % MR_WIDE
+    return run - rest + (0 if rest == 0 else MR_SHORT if rest <= MR_SHORT else MR_WIDE)
+
+
+def own_rows(ow: int, wq: int) -> bool:
+    """Whether :func:`conv16` writes output rows ``ow`` wide in place: where the (phase) planes'
+    rows are as wide (``wq == ow``, a 1x1 kernel: one run of positions), or where cutting each row
+    into its own tiles computes no more positions per row than the planes' width ``wq`` (else the
+    rows are the planes', one run of positions whose padding columns are cropped after)."""
+    return ow == wq or computed(ow) <= wq
+
+
+def useful_share(oh: int, ow: int, wq: int) -> float:
+    """The share of the positions :func:`conv16`'s tiles compute for an ``oh x ow`` output whose
+    (phase) planes are ``wq`` wide that are output pixels (rows of their own where :func:`own_rows`)."""
+    cut = ow != wq and own_rows(ow, wq)  # each row its own tiles, else one run over the planes' rows
+    return oh * ow / (oh * computed(ow) if cut else computed(oh * wq))
 
 
 def preferred(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int,
               oh: int, ow: int) -> int:
     """The block (:func:`block_for`) byoc's kernels run this convolution (output ``oh x ow``)
     with by default, or 0 where they prefer another strategy: where the kernel does not apply or
-    :data:`PAYS` is off, and on a :data:`WIDE` CPU where only the 8-wide form would apply or too
-    few of the positions its tiles compute are output pixels (:data:`WIDE_MIN_SHARE`; byoc's GEMMs
-    are faster there), unless ``BYOC_BLOCKED_CONV=1``."""
+    :data:`PAYS` is off, a 1x1 convolution except in the wide form (byoc's pointwise GEMM; the wide
+    form beat it on ResNet-50's 1x1 layers by 10-30%, docs/speed.md round eleven), and on a
+    :data:`WIDE` CPU where only the 8-wide form would apply or too few of the positions its tiles
+    compute are output pixels (:data:`WIDE_MIN_SHARE`; byoc's GEMMs are faster there), unless
+    ``BYOC_BLOCKED_CONV=1``."""
     if not (PAYS and applies(c, m, group, kh, kw, sh, sw, dh, dw)):
         return 0
     mb = block_for(m)
-    if not WIDE or _ENV == "1":
+    if _ENV == "1":
         return mb
-    return mb if mb == MB_WIDE and useful_share(oh, ow, kw, sw) >= WIDE_MIN_SHARE else 0
-
-
-def tile_pixels(mb: int) -> int:
-    """Pixels per register tile of the form with ``mb`` output channels per block."""
-    return MR_WIDE if mb == MB_WIDE else MR
+    if kh * kw == 1 and mb != MB_WIDE:  # 1x1: byoc's GEMMs, except on the wide form's CPUs
+        return 0
+    if not WIDE:
+        return mb
+    return mb if mb == MB_WIDE and useful_share(oh, ow, phase_extent(ow, kw, sw)) >= WIDE_MIN_SHARE else 0
 
 
 def _tile_codegen(mr: int, nv: int, vw: int):
@@ -127,15 +154,16 @@ def _tile_codegen(mr: int, nv: int, vw: int):
     mb = nv * vw
 
     def codegen(context, builder, signature, args):
-        nt_v, x_v, xoff_v, to_v, w_v, woff_v, t_v, y_v, yo_v, ldc_v, direct_v = args
+        nt_v, x_v, xoff_v, to_v, w_v, woff_v, b_v, bo_v, t_v, y_v, yo_v, ldc_v, direct_v = args
         vty, fma, splat = ir_vector_ops(builder, vw)
         vptr = vty.as_pointer()
         i64 = ir.IntType(64)
         px = builder.gep(context.make_array(signature.args[1])(context, builder, x_v).data, [xoff_v])
         pto = context.make_array(signature.args[3])(context, builder, to_v).data
         pw = builder.gep(context.make_array(signature.args[4])(context, builder, w_v).data, [woff_v])
-        pt = context.make_array(signature.args[6])(context, builder, t_v).data
-        py = builder.gep(context.make_array(signature.args[7])(context, builder, y_v).data, [yo_v])
+        pb = builder.gep(context.make_array(signature.args[6])(context, builder, b_v).data, [bo_v])
+        pt = context.make_array(signature.args[8])(context, builder, t_v).data
+        py = builder.gep(context.make_array(signature.args[9])(context, builder, y_v).data, [yo_v])
 
         def body(t, accs):
             cur = list(accs)
@@ -150,7 +178,10 @@ def _tile_codegen(mr: int, nv: int, vw: int):
                         cur[i * nv + v] = fma(s, bv[v], cur[i * nv + v])
             return cur
 
-        final = ir_accumulate(builder, nt_v, mr * nv, vty, body)
+        # every pixel's accumulators start at the bias of the tile's channels
+        bias = [builder.load(builder.bitcast(builder.gep(pb, [ir.Constant(i64, v * vw)]), vptr), align=4)
+                for v in range(nv)]
+        final = ir_accumulate(builder, nt_v, mr * nv, vty, body, [bias[j % nv] for j in range(mr * nv)])
         with builder.if_else(direct_v) as (then, otherwise):
             with then:
                 ir_store_tile(builder, vty, final, mr, nv, py, ldc_v)
@@ -163,29 +194,36 @@ def _tile_codegen(mr: int, nv: int, vw: int):
     return codegen
 
 
-def _tile_sig(x, toff, w, tile, y):
-    return types.void(types.intp, x, types.intp, toff, w, types.intp, tile, y, types.intp, types.intp, types.boolean)
+def _tile_sig(x, toff, w, b, tile, y):
+    return types.void(types.intp, x, types.intp, toff, w, types.intp, b, types.intp, tile, y, types.intp, types.intp,
+                      types.boolean)
 
 
 @intrinsic
-def _tile(typingctx, ntap, x, xoff, toff, w, woff, tile, y, yo, ldc, direct):
-    """``acc[i, j] = sum_t sum_ci x[xoff + toff[t] + i*8 + ci] * w[woff + (t*8 + ci)*16 + j]``
+def _tile(typingctx, ntap, x, xoff, toff, w, woff, b, bo, tile, y, yo, ldc, direct):
+    """``acc[i, j] = b[bo + j] + sum_t sum_ci x[xoff + toff[t] + i*8 + ci] * w[woff + (t*8 + ci)*16 + j]``
     for ``i < 6``, ``j < 16``, ``t < ntap`` in registers; then with ``direct`` stored transposed
     straight into the planar output, ``y[yo + j*ldc + i] = acc[i, j]`` (a whole tile: 6 pixels,
     16 channels), else into ``tile[i*16 + j]`` (for a partial tile, copied by the caller)."""
-    return _tile_sig(x, toff, w, tile, y), _tile_codegen(MR, NV, VW)
+    return _tile_sig(x, toff, w, b, tile, y), _tile_codegen(MR, NV, VW)
 
 
 @intrinsic
-def _tile_wide(typingctx, ntap, x, xoff, toff, w, woff, tile, y, yo, ldc, direct):
+def _tile_wide(typingctx, ntap, x, xoff, toff, w, woff, b, bo, tile, y, yo, ldc, direct):
     """:func:`_tile` for :data:`MR_WIDE` pixels x :data:`MB_WIDE` channels in 16-float vectors."""
-    return _tile_sig(x, toff, w, tile, y), _tile_codegen(MR_WIDE, NV, 16)
+    return _tile_sig(x, toff, w, b, tile, y), _tile_codegen(MR_WIDE, NV, 16)
+
+
+@intrinsic
+def _tile_short(typingctx, ntap, x, xoff, toff, w, woff, b, bo, tile, y, yo, ldc, direct):
+    """:func:`_tile_wide` for :data:`MR_SHORT` pixels."""
+    return _tile_sig(x, toff, w, b, tile, y), _tile_codegen(MR_SHORT, NV, 16)
 
 
 def plane_length(hq: int, wq: int, kw: int, sh: int = 1, sw: int = 1) -> int:
     """Pixels per channel block of the reordered input: ``sh * sw`` stride-phase planes of
     ``(hq, wq)`` pixels (for stride 1 one plane, the padded input) plus the slack the last tile
-    reads past them (a tile covers up to 8 positions; the ones past the output are dropped)."""
+    reads past them (a tile covers up to 14 positions; the ones past the output are dropped)."""
     return sh * sw * hq * wq + kw + max(MR, MR_WIDE)
 
 
@@ -263,50 +301,63 @@ def _reorder_phases(x, xo, c, h, w, L, hq, wq, sh, sw, pt, pl, y, yo):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _conv(x8, xo, wb, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, wide):
-    mr, mbw = (MR_WIDE, MB_WIDE) if wide else (MR, MB)
+def _conv(x8, xo, wb, b, bo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, y, yo, wide):
+    mbw, mr = (MB_WIDE, MR_WIDE) if wide else (MB, MR)
     ntap = cb * kh * kw
     toff = np.empty(ntap, np.int64)
     n = 0
-    for b in range(cb):
+    for q in range(cb):
         for a in range(kh):
             for d in range(kw):
-                toff[n] = (b * L + ((a % sh) * sw + d % sw) * hq * wq + (a // sh) * wq + d // sw) * CB
+                toff[n] = (q * L + ((a % sh) * sw + d % sw) * hq * wq + (a // sh) * wq + d // sw) * CB
                 n += 1
     tile = np.empty(mr * mbw, np.float32)
+    # runs of positions cut into tiles: each output row, or all rows as one where the output's
+    # rows are the planes' (then the plane's and the output's positions are the same)
+    runs, run = (1, (r1 - r0) * wq) if ow == wq else (r1 - r0, ow)
     for mb in range(mb0, mb1):
-        woff = mb * ntap * CB * mbw
+        woff, boff = mb * ntap * CB * mbw, bo + mb * mbw
         cn = min(mbw, m - mb * mbw)
-        for t in range(t0, t1, mr):
-            nt = min(mr, t1 - t)
-            whole = nt == mr and cn == mbw
-            if wide:
-                _tile_wide(ntap, x8, xo + t * CB, toff, wb, woff, tile, y, yo + mb * mbw * ldc + t, ldc, whole)
-            else:
-                _tile(ntap, x8, xo + t * CB, toff, wb, woff, tile, y, yo + mb * mbw * ldc + t, ldc, whole)
-            if not whole:
-                for co in range(cn):
-                    base = yo + (mb * mbw + co) * ldc + t
-                    for i in range(nt):
-                        y[base + i] = tile[i * mbw + co]
+        for k in range(runs):
+            src, dst = (r0 + k) * wq, yo + mb * mbw * ldc + (r0 + k) * ow
+            for t in range(0, run, mr):
+                nt = min(mr, run - t)
+                if not wide:
+                    whole = nt == mr and cn == mbw
+                    _tile(ntap, x8, xo + (src + t) * CB, toff, wb, woff, b, boff, tile, y, dst + t, ldc, whole)
+                elif nt > MR_SHORT:
+                    whole = nt == mr and cn == mbw
+                    _tile_wide(ntap, x8, xo + (src + t) * CB, toff, wb, woff, b, boff, tile, y, dst + t, ldc, whole)
+                else:  # a rest of at most 7: the short tile
+                    whole = nt == MR_SHORT and cn == mbw
+                    _tile_short(ntap, x8, xo + (src + t) * CB, toff, wb, woff, b, boff, tile, y, dst + t, ldc, whole)
+                if not whole:
+                    for co in range(cn):
+                        base = dst + co * ldc + t
+                        for i in range(nt):
+                            y[base + i] = tile[i * mbw + co]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def conv8(x8, xo, wb, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo):
+def conv8(x8, xo, wb, b, bo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, y, yo):
     """Output channel blocks ``[mb0, mb1)`` (16 each; the last may be partial when ``m`` is not a
-    multiple of 16) at flat positions ``[t0, t1)`` of rows ``wq`` wide (output pixel ``(i, j)`` at
-    ``i*wq + j``): ``y[yo + co*ldc + t] = sum over (channel, tap) of x8 * weights``, ``x8[xo:]``
-    from :func:`reorder8` with the same ``L, hq, wq, sh, sw`` (stride ``sh, sw``: tap ``(a, d)``
-    reads phase ``(a % sh, d % sw)`` at row offset ``a // sh``, column offset ``d // sw``), ``wb``
-    blocked weights ``[ceil(m/16)][cb][kh][kw][8][16]``."""
-    _conv(x8, xo, wb, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, False)
+    multiple of 16) on output rows ``[r0, r1)`` of ``ow`` pixels (at most the planes' width ``wq``):
+    ``y[yo + co*ldc + i*ow + j] = b[bo + co] + sum over (channel, tap) of x8 * weights`` (the bias
+    ``b`` holds a whole block's channels past ``m``: ``ceil(m/16)*16``), ``x8[xo:]`` from
+    :func:`reorder8` with the same ``L, hq, wq, sh, sw`` (output pixel ``(i, j)`` reads position
+    ``i*wq + j``; stride ``sh, sw``: tap ``(a, d)`` reads phase ``(a % sh, d % sw)`` at row offset
+    ``a // sh``, column offset ``d // sw``), ``wb`` blocked weights ``[ceil(m/16)][cb][kh][kw][8][16]``.
+    With ``ow == wq`` the output holds every position of the planes' rows (the padding columns
+    too, from the zeros past the input)."""
+    _conv(x8, xo, wb, b, bo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, y, yo, False)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def conv16(x8, xo, wb, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo):
+def conv16(x8, xo, wb, b, bo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, y, yo):
     """:func:`conv8` in 16-float vectors, for CPUs that run them at full rate: blocks of 32 output
-    channels, tiles of 8 pixels, weights ``[ceil(m/32)][cb][kh][kw][8][32]``."""
-    _conv(x8, xo, wb, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1, y, yo, True)
+    channels, tiles of 14 pixels (a rest of at most 7 in one tile of 7), weights
+    ``[ceil(m/32)][cb][kh][kw][8][32]``."""
+    _conv(x8, xo, wb, b, bo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, y, yo, True)
 
 
 def blocked_weights_axes(m: int, c: int, kh: int, kw: int, mb: int = MB) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -329,11 +380,11 @@ def kernel_for(mb: int):
 
 def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> bool:
     """Whether :func:`conv8` runs this convolution: dilation 1, strides up to the kernel's size,
-    one group, a kernel larger than 1x1, input channels in whole blocks of 8, output channels of 16."""
-    return (group == 1 and 1 <= sh <= kh and 1 <= sw <= kw and dh == 1 and dw == 1 and kh * kw > 1
+    one group, input channels in whole blocks of 8, output channels of 16."""
+    return (group == 1 and 1 <= sh <= kh and 1 <= sw <= kw and dh == 1 and dw == 1
             and c % CB == 0 and m % MB == 0)
 
 
-__all__ = ["CB", "HALF_RATE_512", "MB", "MB_WIDE", "MR", "MR_WIDE", "PAYS", "WIDE", "WIDE_MIN_SHARE", "applies", "block_for",
-           "blocked_weights", "blocked_weights_axes", "conv16", "conv8", "kernel_for", "phase_extent", "plane_length", "preferred",
-           "reorder8", "tile_pixels", "useful_share"]
+__all__ = ["CB", "HALF_RATE_512", "MB", "MB_WIDE", "MR", "MR_SHORT", "MR_WIDE", "PAYS", "WIDE", "WIDE_MIN_SHARE", "applies",
+           "block_for", "blocked_weights", "blocked_weights_axes", "computed", "conv16", "conv8", "kernel_for", "own_rows",
+           "phase_extent", "plane_length", "preferred", "reorder8", "tile_pixels", "useful_share"]

@@ -807,7 +807,7 @@ def make_conv(spec: NodeSpec):
         own = compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg)
         # the channel-blocked kernel's block of output channels where it beats the GEMMs, else 0
         block = blocked.preferred(c, m, group, *ksz, *strides, *dil, *out_sp) if nd == 2 else 0
-        if pointwise:
+        if pointwise and not block:
             g["how"] = "pointwise"
         elif group > 1 and cg < _DIRECT_MAX_CHANNELS:
             g["how"] = "direct"
@@ -1200,9 +1200,10 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
 def _blocked_conv(x5, pw: _ConvWeights, g, bias, out):
     """A 2-D convolution by the channel-blocked direct kernel, image by image: the input
     reordered into blocks of 8 channels (their stride phases for a strided one; in parallel by
-    blocks), then blocks of output rows (wide outputs) or of ``g["mb"]`` output channels into a
-    planar accumulator of the (phase) planes' width, each cropped into ``out`` with the bias (as
-    the shift strategy's)."""
+    blocks), then blocks of output rows (wide outputs) or of ``g["mb"]`` output channels, the
+    kernel adding the bias. The wide form writes the output's rows in place (where
+    :func:`blocked.own_rows`); else the kernel writes a planar accumulator of the (phase) planes'
+    width, cropped into ``out`` (as the shift strategy's)."""
     nb, c = x5.shape[:2]
     h, w = x5.shape[3:]
     _, kh, kw = g["k"]
@@ -1214,28 +1215,38 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out):
     kernel = blocked.kernel_for(mbw)
     plane, cb, nbk = blocked.plane_length(hq, wq, kw, sh, sw), c // blocked.CB, m // mbw
     x8 = threads.scratch("conv.x8", (cb * plane * blocked.CB,), np.float32)
-    acc = threads.scratch("conv.acc", (m, hq * wq), np.float32)
-    accf, xf, wb = acc.reshape(-1), x5.reshape(-1), pw.blocked(mbw)
+    in_place = mbw == blocked.MB_WIDE and blocked.own_rows(ow, wq)
+    if in_place:  # output pixel (i, j) at i * ow + j of each channel: the output itself
+        ldr, ldc, yf = ow, oh * ow, out.reshape(-1)
+    else:
+        acc = threads.scratch("conv.acc", (m, hq * wq), np.float32)
+        ldr, ldc, yf = wq, hq * wq, acc.reshape(-1)
+        zero = threads.scratch("conv.zero", (m,), np.float32)  # the crop's bias: the kernel added it
+        zero.fill(0.0)
+    xf, wb = x5.reshape(-1), pw.blocked(mbw)
     nt = threads.num_threads()
     cblocks = split(cb, nt)
     wide = nt > 1 and oh * wq >= 256 * nt
     blocks = split(oh, 2 * nt) if wide else split(nbk, nt)
     for n in range(nb):
         xo, on = n * c * h * w, out[n:n + 1]
+        yo = n * m * oh * ow if in_place else 0
 
         def reorder(i, xo=xo):
             b0, b1 = cblocks[i]
             blocked.reorder8(xf, xo + b0 * blocked.CB * h * w, (b1 - b0) * blocked.CB, h, w, plane, hq, wq, sh, sw,
                              pt, pl, x8, b0 * plane * blocked.CB)
 
-        def part(i, on=on):
+        def part(i, on=on, yo=yo):
             a, b = blocks[i]
             if wide:  # output rows [a, b), every channel block
-                kernel(x8, 0, wb, cb, plane, wq, hq, sh, sw, kh, kw, m, hq * wq, 0, nbk, a * wq, b * wq, accf, 0)
-                _crop_rows(acc, hq, wq, oh, ow, bias, 0, a, b, on)
-            else:  # channel blocks [a, b), every position
-                kernel(x8, 0, wb, cb, plane, wq, hq, sh, sw, kh, kw, m, hq * wq, a, b, 0, oh * wq, accf, 0)
-                _crop_planes(acc, hq, wq, oh, ow, bias, 0, a * mbw, b * mbw, on)
+                kernel(x8, 0, wb, bias, 0, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, 0, nbk, a, b, ldr, yf, yo)
+                if not in_place:
+                    _crop_rows(acc, hq, wq, oh, ow, zero, 0, a, b, on)
+            else:  # channel blocks [a, b), every row
+                kernel(x8, 0, wb, bias, 0, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, a, b, 0, oh, ldr, yf, yo)
+                if not in_place:
+                    _crop_planes(acc, hq, wq, oh, ow, zero, 0, a * mbw, b * mbw, on)
 
         threads.parallel_for(reorder, len(cblocks))
         threads.parallel_for(part, len(blocks))

@@ -486,12 +486,13 @@ def ir_store_tile(builder, vty, accs, mr: int, nv: int, py, ldc) -> None:
                 ir_transpose_store(builder, vty8, rows, base, ldc, len(rows))
 
 
-def ir_accumulate(builder, count, n_acc: int, vty, body) -> list:
+def ir_accumulate(builder, count, n_acc: int, vty, body, init=None) -> list:
     """Emit ``for k in range(count): accs = body(k, accs)`` over ``n_acc`` vector accumulators
-    that start at zero and stay in registers (phi nodes); returns their values after the loop
-    (zeros when ``count <= 0``)."""
+    that start at zero (or at the values ``init``) and stay in registers (phi nodes); returns
+    their values after the loop (the start values when ``count <= 0``)."""
     i64 = ir.IntType(64)
     zero = ir.Constant(vty, [0.0] * vty.count)
+    start = list(init) if init is not None else [zero] * n_acc
     entry = builder.block
     loop = builder.append_basic_block("acc.loop")
     done = builder.append_basic_block("acc.done")
@@ -500,8 +501,8 @@ def ir_accumulate(builder, count, n_acc: int, vty, body) -> list:
     k = builder.phi(i64)
     k.add_incoming(ir.Constant(i64, 0), entry)
     accs = [builder.phi(vty) for _ in range(n_acc)]
-    for phi in accs:
-        phi.add_incoming(zero, entry)
+    for phi, value in zip(accs, start):
+        phi.add_incoming(value, entry)
     new = body(k, accs)
     k2 = builder.add(k, ir.Constant(i64, 1))
     end = builder.block
@@ -511,9 +512,9 @@ def ir_accumulate(builder, count, n_acc: int, vty, body) -> list:
     builder.cbranch(builder.icmp_signed("<", k2, count), loop, done)
     builder.position_at_end(done)
     final = []
-    for value in new:
+    for value, first in zip(new, start):
         phi = builder.phi(vty)
-        phi.add_incoming(zero, entry)
+        phi.add_incoming(first, entry)
         phi.add_incoming(value, end)
         final.append(phi)
     return final

@@ -7,4 +7,4 @@ Numba kernels around OpenBLAS GEMMs. See the package README for the tour.
 
 __version__ = "0.1.0"
 #: bump when the generated code changes for the same program (it is part of the source hash)
-CODEGEN_VERSION = 6
+CODEGEN_VERSION = 7

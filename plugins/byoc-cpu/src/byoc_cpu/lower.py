@@ -701,7 +701,7 @@ class Lowering:
         nt = self.nt if m * oh * ow * cg * kh * kw >= PAR_MIN_MACS else 1
         gnt = min(nt, self.gnt)
         extra = []
-        if p["bias"] is not None:
+        if p["bias"] is not None and strategy != "blocked":  # the blocked kernel adds its bias itself
             extra.append(("const", np.asarray(p["bias"], dtype=np.float32).reshape(m, 1, 1)))
         shape4 = (n, m, oh, ow)
         out_strides = [m * oh * ow, oh * ow, ow, 1]
@@ -720,7 +720,8 @@ class Lowering:
             raw = epilogue((tn, out_strides))
             pre, chunks = self._by_channels(strategy, p, xn, tn, self.pack(wt), raw, nt, epi)
         elif strategy == "blocked":
-            pre, chunks = self._blocked(p, xn, wt, nt, epilogue, epi)
+            bias = np.zeros(m, np.float32) if p["bias"] is None else p["bias"]
+            pre, chunks = self._blocked(p, xn, tn, out_strides, wt, self.pack(bias), nt, epilogue, epi)
         else:
             if strategy in ("shift", "phase"):
                 kdim, wref, ncols, row_width, acc, segments, b_group = self._shifted_input(p, xn, wt, nt, pre)
@@ -818,13 +819,16 @@ class Lowering:
             segments.append([((a % sh) * sw + d % sw) * hq * wq + (a // sh) * wq + d // sw, cg, ldq])
         return kh * kw * cg, wref, ncols, wq, acc, segments, (lambda g: xp.at(g * cg * ldq))
 
-    def _blocked(self, p, xn: Ref, wt: np.ndarray, nt: int, epilogue, epi):
+    def _blocked(self, p, xn: Ref, tn: Ref, out_strides: list[int], wt: np.ndarray, bref: Ref, nt: int, epilogue,
+                 epi):
         """(pre, chunks) of a convolution by the channel-blocked direct kernel
         (:mod:`byoc.kernels.blocked`): the input reordered into blocks of 8 channels (in
-        parallel by blocks), then output rows (wide outputs) or blocks of 16 or 32 output channels
-        computed into a planar buffer of the padded width, each followed by its epilogue, which
-        drops the padding columns as the shift strategy's does. The weights are stored as
-        their own bytes and blocked at load (a transpose)."""
+        parallel by blocks), then output rows (wide outputs) or blocks of 16 or 32 output channels,
+        each followed by its epilogue; the kernel adds the bias ``bref``. The wide form
+        (``conv16``) writes the output's own rows
+        (the epilogue runs in place, as a GEMM's); the 8-wide form a planar buffer of the padded
+        width, whose padding columns the epilogue drops, as the shift strategy's does. The weights
+        are stored as their own bytes and blocked at load (a transpose)."""
         c, h, w, m, kh, kw = p["c"], p["h"], p["w"], p["m"], p["kh"], p["kw"]
         pt, pl, oh, sh, sw = p["pt"], p["pl"], p["oh"], p["sh"], p["sw"]
         # stride 1: the padded plane; strided: its stride-phase planes (blocked.reorder8)
@@ -838,20 +842,23 @@ class Lowering:
         x8 = Ref(self.scratch(cb * plane * blocked.CB))
         pre = [{"kind": "reorder8", "x": xn.at(b0 * blocked.CB * h * w), "y": x8.at(b0 * plane * blocked.CB),
                 "args": [(b1 - b0) * blocked.CB, h, w, plane, hq, wq, sh, sw, pt, pl]} for b0, b1 in split(cb, nt, 1)]
-        ncols = oh * wq
-        acc_ref = Ref(self.scratch(m * ncols))
-        raw = epilogue((acc_ref, [0, ncols, wq, 1]))
+        if kind == "conv16" and blocked.own_rows(p["ow"], wq):  # the output's own rows
+            ldr, y_ref = p["ow"], tn
+            raw = epilogue((tn, out_strides))
+        else:  # rows of the planes' width, cropped by the epilogue
+            ldr, y_ref = wq, Ref(self.scratch(m * oh * wq))
+            raw = epilogue((y_ref, [0, oh * wq, wq, 1]))
         nb = m // mbw
 
-        def conv(mb0: int, mb1: int, t0: int, t1: int) -> dict[str, Any]:
-            return {"kind": kind, "x": x8, "w": wref, "y": acc_ref,
-                    "args": [cb, plane, wq, hq, sh, sw, kh, kw, m, ncols, mb0, mb1, t0, t1]}
+        def conv(mb0: int, mb1: int, r0: int, r1: int) -> dict[str, Any]:
+            return {"kind": kind, "x": x8, "w": wref, "b": bref, "y": y_ref,
+                    "args": [cb, plane, wq, hq, sh, sw, kh, kw, m, oh * ldr, mb0, mb1, r0, r1, ldr]}
 
         # byoc's own kernel: split over the pool even where OpenBLAS's threads take the GEMMs
-        if nt > 1 and ncols >= 256 * nt:  # wide: blocks of output rows
-            chunks = [[conv(0, nb, r0 * wq, r1 * wq)] + epi(raw, 1, r0, r1) for r0, r1 in split(oh, 2 * nt, 1)]
+        if nt > 1 and oh * wq >= 256 * nt:  # wide: blocks of output rows
+            chunks = [[conv(0, nb, r0, r1)] + epi(raw, 1, r0, r1) for r0, r1 in split(oh, 2 * nt, 1)]
         else:  # narrow: blocks of output channels
-            chunks = [[conv(b0, b1, 0, ncols)] + epi(raw, 0, b0 * mbw, b1 * mbw)
+            chunks = [[conv(b0, b1, 0, oh)] + epi(raw, 0, b0 * mbw, b1 * mbw)
                       for b0, b1 in split(nb, nt, 1)]
         return pre, chunks
 
@@ -921,17 +928,18 @@ class Lowering:
             return "shift"
         if forced == "phase" and self._phase_ok(p):
             return "phase"
+        # the blocked kernel where it beats the GEMMs (KxK and, in its wide form, 1x1)
+        blocked_pref = blocked_ok and forced == "auto" and blocked.preferred(*geo, p["oh"], p["ow"])
         if direct:
             return "direct"
-        if pointwise:
+        if pointwise and not blocked_pref:
             return "pointwise"
         if (winograd_ok and forced == "auto"
                 and winograd_tile(p["cg"], p["m"], p["oh"], p["ow"], own_gemm=FULL_WIDTH) == side):
             # the core's rule: with OpenBLAS's GEMMs (no full-width micro-kernel on this CPU), or
             # big layers where Winograd's fewer multiplies beat the shift strategy on byoc's GEMM
             return "winograd"
-        if blocked_ok and blocked.preferred(*geo, p["oh"], p["ow"]) and forced == "auto":
-            # the blocked direct kernel beats the GEMMs on these (shift and im2col alike)
+        if blocked_pref:  # the blocked direct kernel beats the GEMMs on these (shift and im2col alike)
             return "blocked"
         blas_shift_ok = FULL_WIDTH or shift_pays(p["cg"], p["m"] // p["group"])
         # byoc's implicit GEMM (FULL_WIDTH) reads the taps in place: no channel minimum

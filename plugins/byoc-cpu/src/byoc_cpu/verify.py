@@ -26,7 +26,7 @@ _ATTRS = {"alpha", "beta", "gamma", "lo", "hi"}
 _FIXED_SHAPE = {  # kind -> (ints, floats); must agree with emit.FIXED
     "pad": (8, 0), "phase": (10, 0), "im2col": (14, 0), "subsample": (7, 0), "conv_direct": (17, 0), "maxpool": (13, 0),
     "avgpool": (14, 0), "gpool": (3, 0), "softmax": (3, 0), "lrn": (3, 3), "copy": (4, 0), "winograd": (9, 0),
-    "reorder8": (10, 0), "conv8": (14, 0), "conv16": (14, 0),
+    "reorder8": (10, 0), "conv8": (15, 0), "conv16": (15, 0),
 }
 
 
@@ -279,7 +279,8 @@ class _Checker:
     def fixed(self, st: dict, where: str, count: int) -> None:
         kind = st["kind"]
         n_int, n_float = _FIXED_SHAPE[kind]
-        keys = {"kind", "x", "y", "args"} | ({"fargs"} if n_float else set()) | ({"w"} if kind in _WEIGHTED else set())
+        keys = ({"kind", "x", "y", "args"} | ({"fargs"} if n_float else set()) | ({"w"} if kind in _WEIGHTED else set())
+                | ({"b"} if kind in _BLOCKS else set()))
         _dict(st, where, keys, {"info"})
         a = [_int(v, f"{where}.args") for v in _list(st["args"], f"{where}.args", n_int)]
         for v in st.get("fargs", []) if n_float else []:
@@ -291,8 +292,10 @@ class _Checker:
         self.ref(st["y"], f"{where}.y", y_ext, count, True)
         if kind == "conv_direct" and not a[15] < a[16] <= a[3]:
             raise _fail(f"{where}.args", "bad output channel range")
-        if kind in _BLOCKS and not (a[10] < a[11] <= -(-a[8] // _BLOCKS[kind]) and a[12] < a[13] <= a[9]):
-            raise _fail(f"{where}.args", "bad output channel block or position range")
+        if kind in _BLOCKS and not (a[10] < a[11] <= -(-a[8] // _BLOCKS[kind]) and 0 <= a[12] < a[13]):
+            raise _fail(f"{where}.args", "bad output channel block or row range")
+        if kind in _BLOCKS:  # the bias of every channel of the blocks
+            self.ref(st["b"], f"{where}.b", -(-a[8] // _BLOCKS[kind]) * _BLOCKS[kind], 1, False)
         if kind in _WEIGHTED:
             self.ref(st["w"], f"{where}.w", _WEIGHTED[kind](a), 1, False)
             if st["w"][2] != 0 or st["w"][3] != 0:
@@ -396,17 +399,18 @@ _BLOCKS = {"conv8": MB, "conv16": MB_WIDE}
 
 
 def _blocked_extents(mb):
-    mr = tile_pixels(mb)
-
     def extents(a, w):
-        cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, t0, t1 = a
-        _need(min(cb, plane, wq, hq, sh, sw, kh, kw, m, ldc) >= 1, w, "bad geometry")
-        # the farthest tap: the last phase a tap reads, then its row and column offsets; a tile of
-        # mr positions reads every tap mr - 1 positions past its last one (the plane's slack)
+        cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow = a
+        _need(min(cb, plane, wq, hq, sh, sw, kh, kw, m, ow) >= 1 and ow <= wq and ldc >= r1 * ow, w, "bad geometry")
+        # the farthest tap: the last phase a tap reads, then its row and column offsets; the
+        # last tile starts before the last position and reads every tap up to mr - 1 past its
+        # start (the plane's slack). Rows of the planes' width run as one run of positions.
+        mr = tile_pixels(mb)
         last = (min(sh, kh) - 1) * sw + min(sw, kw) - 1
         reach = last * hq * wq + (kh - 1) // sh * wq + (kw - 1) // sw
-        _need((kw - 1) // sw < wq and reach + t1 + mr - 1 <= plane, w, "bad geometry")
-        return cb * plane * CB, (m - 1) * ldc + t1
+        end = r0 * wq + -(-(r1 - r0) * wq // mr) * mr if ow == wq else (r1 - 1) * wq + -(-ow // mr) * mr
+        _need((kw - 1) // sw < wq and reach + end <= plane, w, "bad geometry")
+        return cb * plane * CB, (min(m, mb1 * mb) - 1) * ldc + r1 * ow
 
     return extents
 
