@@ -25,13 +25,13 @@ def cases(draw):
         pb, pr = kh, kw
     parts = draw(st.integers(1, 3))
     return (mb, c, m, kh, kw, sh, sw, h, w, pt, pb, pl, pr, parts, draw(st.booleans()), draw(st.booleans()),
-            draw(st.integers(0, 2**31 - 1)))
+            draw(st.integers(0, 3)), draw(st.integers(0, 2**31 - 1)))
 
 
 @settings(max_examples=60, deadline=None)
 @given(cases())
 def test_blocked_kernels_match_reference(case):
-    mb, c, m, kh, kw, sh, sw, h, w, pt, pb, pl, pr, parts, by_channels, own_rows, seed = case
+    mb, c, m, kh, kw, sh, sw, h, w, pt, pb, pl, pr, parts, by_channels, own_rows, ep, seed = case
     kernel = blocked.kernel_for(mb)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((c, h, w)).astype(np.float32)
@@ -49,21 +49,26 @@ def test_blocked_kernels_match_reference(case):
     y = np.full(yo + m * ncols + 7, np.nan, np.float32)
     wb = blocked.blocked_weights(wt, mb)
     bias = np.concatenate([[np.nan], rng.standard_normal(m)]).astype(np.float32)  # from offset 1
+    res = np.concatenate([np.full(2, np.nan), rng.standard_normal(m * ncols)]).astype(np.float32)  # from offset 2
     nb = m // mb
     if by_channels:
         cuts = np.linspace(0, nb, parts + 1).astype(int)
         for a, b in zip(cuts[:-1], cuts[1:]):
-            kernel(x8, xo, wb, bias, 1, c // 8, L, wq, hq, sh, sw, kh, kw, m, ncols, a, b, 0, oh, ldr, y, yo)
+            kernel(x8, xo, wb, bias, 1, res, 2, c // 8, L, wq, hq, sh, sw, kh, kw, m, ncols, a, b, 0, oh, ldr, ep, y, yo)
     else:
         cuts = np.linspace(0, oh, parts + 1).astype(int)
         for a, b in zip(cuts[:-1], cuts[1:]):
-            kernel(x8, xo, wb, bias, 1, c // 8, L, wq, hq, sh, sw, kh, kw, m, ncols, 0, nb, a, b, ldr, y, yo)
+            kernel(x8, xo, wb, bias, 1, res, 2, c // 8, L, wq, hq, sh, sw, kh, kw, m, ncols, 0, nb, a, b, ldr, ep, y, yo)
     xp = np.zeros((c, hp, wp), np.float64)
     xp[:, pt:pt + h, pl:pl + w] = x
     ref = np.zeros((m, oh, ow)) + bias[1:, None, None]
     for a in range(kh):
         for b in range(kw):
             ref += np.einsum("mc,chw->mhw", wt[:, :, a, b], xp[:, a:a + sh * (oh - 1) + 1:sh, b:b + sw * (ow - 1) + 1:sw])
+    if ep & 2:  # the residual, laid out as the output
+        ref = ref + res[2:].reshape(m, oh, ldr)[:, :, :ow]
+    if ep & 1:
+        ref = np.maximum(ref, 0)
     got = y[yo:yo + m * ncols].reshape(m, oh, ldr)
     np.testing.assert_allclose(got[:, :, :ow], ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
     assert np.isfinite(got).all()  # with the planes' width the padded columns are computed too, from zeros

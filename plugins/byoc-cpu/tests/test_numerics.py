@@ -237,6 +237,34 @@ def test_auto_takes_the_blocked_kernel_where_it_applies(wide, kind):
     assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("tail, ep", [((), 0), (("Relu",), 1), (("Add",), 2), (("Add", "Relu"), 3),
+                                      (("AddBroadcast", "Relu"), None), (("Sigmoid",), None)])
+def test_blocked_kernel_applies_add_and_relu_as_it_stores(tail, ep):
+    # Conv -> Add (a tensor laid out as the output) -> Relu: the wide blocked kernel's epilogue
+    # (ep: 2 the residual, 1 Relu), no loop of its own; anything else (a broadcast Add, another
+    # activation) keeps its fused loop. Batch 2: the residual's offset follows the image.
+    # (A constant per-channel Add would be folded into the bias.)
+    rng = np.random.default_rng(7)
+    nodes, cur, inits = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1])], "c", {
+        "W": (rng.standard_normal((32, 32, 3, 3)) * 0.1).astype(np.float32), "B": rng.standard_normal(32).astype(np.float32)}
+    for i, op in enumerate(tail):
+        other = "s" if op == "AddBroadcast" else "x"
+        nodes.append(helper.make_node(op.replace("Broadcast", ""), [cur] + ([other] if op.startswith("Add") else []), [f"t{i}"]))
+        cur = f"t{i}"
+    # rows of 20: a tile of 14, a rest of 6; s broadcasts over the rows
+    model = make_model(nodes, {"x": (2, 32, 6, 20), "s": (2, 32, 1, 20)}, [cur], inits)
+    feeds = {"x": rng.standard_normal((2, 32, 6, 20)).astype(np.float32),
+             "s": rng.standard_normal((2, 32, 1, 20)).astype(np.float32)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("byoc.kernels.blocked.WIDE", True)
+        cpu = compile_cpu(model, conv_strategy="blocked", threads=2)
+    (region,) = cpu.regions
+    steps = [s for s in _flat(region.artifact.metadata["program"]["steps"]) if s["kind"] == "conv16"]
+    assert steps and {s["args"][-1] for s in steps} == {ep or 0}
+    assert any(s["kind"] == "ew" for s in _flat(region.artifact.metadata["program"]["steps"])) == (ep is None)
+    assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_small_output_im2col_splits_channels(threads):
     # 7x7 output, 14M multiply-adds: with two threads the channels are split (one shared patch

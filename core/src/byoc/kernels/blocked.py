@@ -154,7 +154,7 @@ def _tile_codegen(mr: int, nv: int, vw: int):
     mb = nv * vw
 
     def codegen(context, builder, signature, args):
-        nt_v, x_v, xoff_v, to_v, w_v, woff_v, b_v, bo_v, t_v, y_v, yo_v, ldc_v, direct_v = args
+        nt_v, x_v, xoff_v, to_v, w_v, woff_v, b_v, bo_v, r_v, ro_v, ep_v, t_v, y_v, yo_v, ldc_v, direct_v = args
         vty, fma, splat = ir_vector_ops(builder, vw)
         vptr = vty.as_pointer()
         i64 = ir.IntType(64)
@@ -162,8 +162,9 @@ def _tile_codegen(mr: int, nv: int, vw: int):
         pto = context.make_array(signature.args[3])(context, builder, to_v).data
         pw = builder.gep(context.make_array(signature.args[4])(context, builder, w_v).data, [woff_v])
         pb = builder.gep(context.make_array(signature.args[6])(context, builder, b_v).data, [bo_v])
-        pt = context.make_array(signature.args[8])(context, builder, t_v).data
-        py = builder.gep(context.make_array(signature.args[9])(context, builder, y_v).data, [yo_v])
+        pr = builder.gep(context.make_array(signature.args[8])(context, builder, r_v).data, [ro_v])
+        pt = context.make_array(signature.args[11])(context, builder, t_v).data
+        py = builder.gep(context.make_array(signature.args[12])(context, builder, y_v).data, [yo_v])
 
         def body(t, accs):
             cur = list(accs)
@@ -183,8 +184,17 @@ def _tile_codegen(mr: int, nv: int, vw: int):
                 for v in range(nv)]
         final = ir_accumulate(builder, nt_v, mr * nv, vty, body, [bias[j % nv] for j in range(mr * nv)])
         with builder.if_else(direct_v) as (then, otherwise):
-            with then:
-                ir_store_tile(builder, vty, final, mr, nv, py, ldc_v)
+            with then:  # the epilogue ep: 2 adds the residual, 1 applies Relu (one store of each kind)
+                with builder.if_else(builder.icmp_signed("!=", builder.and_(ep_v, ir.Constant(i64, 2)),
+                                                         ir.Constant(i64, 0))) as (res, nores):
+                    for residual in (pr, None):
+                        with (res if residual is not None else nores):
+                            with builder.if_else(builder.icmp_signed("!=", builder.and_(ep_v, ir.Constant(i64, 1)),
+                                                                     ir.Constant(i64, 0))) as (relu, norelu):
+                                with relu:
+                                    ir_store_tile(builder, vty, final, mr, nv, py, ldc_v, residual, True)
+                                with norelu:
+                                    ir_store_tile(builder, vty, final, mr, nv, py, ldc_v, residual, False)
             with otherwise:
                 for i in range(mr * nv):
                     dst = builder.gep(pt, [ir.Constant(i64, i * vw)])
@@ -194,30 +204,31 @@ def _tile_codegen(mr: int, nv: int, vw: int):
     return codegen
 
 
-def _tile_sig(x, toff, w, b, tile, y):
-    return types.void(types.intp, x, types.intp, toff, w, types.intp, b, types.intp, tile, y, types.intp, types.intp,
-                      types.boolean)
+def _tile_sig(x, toff, w, b, r, tile, y):
+    return types.void(types.intp, x, types.intp, toff, w, types.intp, b, types.intp, r, types.intp, types.intp, tile,
+                      y, types.intp, types.intp, types.boolean)
 
 
 @intrinsic
-def _tile(typingctx, ntap, x, xoff, toff, w, woff, b, bo, tile, y, yo, ldc, direct):
+def _tile(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct):
     """``acc[i, j] = b[bo + j] + sum_t sum_ci x[xoff + toff[t] + i*8 + ci] * w[woff + (t*8 + ci)*16 + j]``
     for ``i < 6``, ``j < 16``, ``t < ntap`` in registers; then with ``direct`` stored transposed
-    straight into the planar output, ``y[yo + j*ldc + i] = acc[i, j]`` (a whole tile: 6 pixels,
-    16 channels), else into ``tile[i*16 + j]`` (for a partial tile, copied by the caller)."""
-    return _tile_sig(x, toff, w, b, tile, y), _tile_codegen(MR, NV, VW)
+    straight into the planar output, ``y[yo + j*ldc + i] = epilogue(acc[i, j])`` (a whole tile: 6
+    pixels, 16 channels; the epilogue ``ep``: 2 adds ``r[ro + j*ldc + i]``, then 1 applies Relu),
+    else into ``tile[i*16 + j]`` as it is (for a partial tile, copied by the caller)."""
+    return _tile_sig(x, toff, w, b, r, tile, y), _tile_codegen(MR, NV, VW)
 
 
 @intrinsic
-def _tile_wide(typingctx, ntap, x, xoff, toff, w, woff, b, bo, tile, y, yo, ldc, direct):
+def _tile_wide(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct):
     """:func:`_tile` for :data:`MR_WIDE` pixels x :data:`MB_WIDE` channels in 16-float vectors."""
-    return _tile_sig(x, toff, w, b, tile, y), _tile_codegen(MR_WIDE, NV, 16)
+    return _tile_sig(x, toff, w, b, r, tile, y), _tile_codegen(MR_WIDE, NV, 16)
 
 
 @intrinsic
-def _tile_short(typingctx, ntap, x, xoff, toff, w, woff, b, bo, tile, y, yo, ldc, direct):
+def _tile_short(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct):
     """:func:`_tile_wide` for :data:`MR_SHORT` pixels."""
-    return _tile_sig(x, toff, w, b, tile, y), _tile_codegen(MR_SHORT, NV, 16)
+    return _tile_sig(x, toff, w, b, r, tile, y), _tile_codegen(MR_SHORT, NV, 16)
 
 
 def plane_length(hq: int, wq: int, kw: int, sh: int = 1, sw: int = 1) -> int:
@@ -301,7 +312,7 @@ def _reorder_phases(x, xo, c, h, w, L, hq, wq, sh, sw, pt, pl, y, yo):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _conv(x8, xo, wb, b, bo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, y, yo, wide):
+def _conv(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, ep, y, yo, wide):
     mbw, mr = (MB_WIDE, MR_WIDE) if wide else (MB, MR)
     ntap = cb * kh * kw
     toff = np.empty(ntap, np.int64)
@@ -319,45 +330,52 @@ def _conv(x8, xo, wb, b, bo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0
         woff, boff = mb * ntap * CB * mbw, bo + mb * mbw
         cn = min(mbw, m - mb * mbw)
         for k in range(runs):
-            src, dst = (r0 + k) * wq, yo + mb * mbw * ldc + (r0 + k) * ow
+            src, at = (r0 + k) * wq, mb * mbw * ldc + (r0 + k) * ow  # at: the output's (and residual's) offset
             for t in range(0, run, mr):
                 nt = min(mr, run - t)
+                xt, yt, rt = xo + (src + t) * CB, yo + at + t, ro + at + t
                 if not wide:
                     whole = nt == mr and cn == mbw
-                    _tile(ntap, x8, xo + (src + t) * CB, toff, wb, woff, b, boff, tile, y, dst + t, ldc, whole)
+                    _tile(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole)
                 elif nt > MR_SHORT:
                     whole = nt == mr and cn == mbw
-                    _tile_wide(ntap, x8, xo + (src + t) * CB, toff, wb, woff, b, boff, tile, y, dst + t, ldc, whole)
+                    _tile_wide(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole)
                 else:  # a rest of at most 7: the short tile
                     whole = nt == MR_SHORT and cn == mbw
-                    _tile_short(ntap, x8, xo + (src + t) * CB, toff, wb, woff, b, boff, tile, y, dst + t, ldc, whole)
+                    _tile_short(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole)
                 if not whole:
                     for co in range(cn):
-                        base = dst + co * ldc + t
                         for i in range(nt):
-                            y[base + i] = tile[i * mbw + co]
+                            v = tile[i * mbw + co]
+                            if ep & 2:
+                                v += r[rt + co * ldc + i]
+                            if ep & 1 and v < 0:
+                                v = 0.0
+                            y[yt + co * ldc + i] = v
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def conv8(x8, xo, wb, b, bo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, y, yo):
+def conv8(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, ep, y, yo):
     """Output channel blocks ``[mb0, mb1)`` (16 each; the last may be partial when ``m`` is not a
     multiple of 16) on output rows ``[r0, r1)`` of ``ow`` pixels (at most the planes' width ``wq``):
-    ``y[yo + co*ldc + i*ow + j] = b[bo + co] + sum over (channel, tap) of x8 * weights`` (the bias
-    ``b`` holds a whole block's channels past ``m``: ``ceil(m/16)*16``), ``x8[xo:]`` from
+    ``y[yo + co*ldc + i*ow + j] = epilogue(b[bo + co] + sum over (channel, tap) of x8 * weights)``
+    (the bias ``b`` holds a whole block's channels past ``m``: ``ceil(m/16)*16``), ``x8[xo:]`` from
     :func:`reorder8` with the same ``L, hq, wq, sh, sw`` (output pixel ``(i, j)`` reads position
     ``i*wq + j``; stride ``sh, sw``: tap ``(a, d)`` reads phase ``(a % sh, d % sw)`` at row offset
     ``a // sh``, column offset ``d // sw``), ``wb`` blocked weights ``[ceil(m/16)][cb][kh][kw][8][16]``.
     With ``ow == wq`` the output holds every position of the planes' rows (the padding columns
-    too, from the zeros past the input)."""
-    _conv(x8, xo, wb, b, bo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, y, yo, False)
+    too, from the zeros past the input). The epilogue ``ep`` (a bit set): 2 adds the residual
+    ``r[ro + co*ldc + i*ow + j]`` (laid out as the output; any array where ``ep`` has no 2), then 1
+    applies Relu (``v if not v < 0 else 0``, byoc's Relu), both as the tile is stored."""
+    _conv(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, ep, y, yo, False)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def conv16(x8, xo, wb, b, bo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, y, yo):
+def conv16(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, ep, y, yo):
     """:func:`conv8` in 16-float vectors, for CPUs that run them at full rate: blocks of 32 output
     channels, tiles of 14 pixels (a rest of at most 7 in one tile of 7), weights
     ``[ceil(m/32)][cb][kh][kw][8][32]``."""
-    _conv(x8, xo, wb, b, bo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, y, yo, True)
+    _conv(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, ep, y, yo, True)
 
 
 def blocked_weights_axes(m: int, c: int, kh: int, kw: int, mb: int = MB) -> tuple[tuple[int, ...], tuple[int, ...]]:

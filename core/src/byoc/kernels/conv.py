@@ -1240,11 +1240,11 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out):
         def part(i, on=on, yo=yo):
             a, b = blocks[i]
             if wide:  # output rows [a, b), every channel block
-                kernel(x8, 0, wb, bias, 0, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, 0, nbk, a, b, ldr, yf, yo)
+                kernel(x8, 0, wb, bias, 0, yf, 0, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, 0, nbk, a, b, ldr, 0, yf, yo)
                 if not in_place:
                     _crop_rows(acc, hq, wq, oh, ow, zero, 0, a, b, on)
             else:  # channel blocks [a, b), every row
-                kernel(x8, 0, wb, bias, 0, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, a, b, 0, oh, ldr, yf, yo)
+                kernel(x8, 0, wb, bias, 0, yf, 0, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, a, b, 0, oh, ldr, 0, yf, yo)
                 if not in_place:
                     _crop_planes(acc, hq, wq, oh, ow, zero, 0, a * mbw, b * mbw, on)
 

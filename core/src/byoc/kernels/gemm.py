@@ -430,12 +430,13 @@ def ir_vector_ops(builder, width: int):
     return vty, fma, splat
 
 
-def ir_transpose_store(builder, vty, rows, py, ldc, count: int) -> None:
+def ir_transpose_store(builder, vty, rows, py, ldc, count: int, pr=None, relu: bool = False) -> None:
     """Store the transpose of ``rows`` (up to 8 vectors of 8 floats: pixel ``i``'s 8 channels)
     as 8 channel runs of ``count`` pixels each: ``py[k*ldc + i] = rows[i][k]``, through the
     unpack / shuffle / 128-bit-lane steps of an 8x8 transpose (missing rows are undefined). The
     planar store of the tiles that hold pixels x channels (the narrow form below,
-    :mod:`byoc.kernels.blocked`)."""
+    :mod:`byoc.kernels.blocked`). An epilogue on the way: with ``pr`` (a residual laid out as the
+    output) ``+ pr[k*ldc + i]``, then with ``relu`` ``max(v, 0)`` (as byoc's Relu: NaN and -0.0 kept)."""
     i32, i64 = ir.IntType(32), ir.IntType(64)
     undef = ir.Constant(vty, ir.Undefined)
     r = list(rows) + [undef] * (8 - len(rows))
@@ -463,15 +464,22 @@ def ir_transpose_store(builder, vty, rows, py, ldc, count: int) -> None:
             if count - done >= width:
                 piece = shuf(cols[k], undef, list(range(done, done + width)))
                 pty = ir.VectorType(ir.FloatType(), width).as_pointer()
-                builder.store(piece, builder.bitcast(builder.gep(dst, [ir.Constant(i64, done)]), pty), align=4)
+                at = [builder.mul(ir.Constant(i64, k), ldc), ir.Constant(i64, done)]
+                if pr is not None:
+                    res = builder.load(builder.bitcast(builder.gep(builder.gep(pr, at[:1]), at[1:]), pty), align=4)
+                    piece = builder.fadd(piece, res)
+                if relu:
+                    zero = ir.Constant(piece.type, [0.0] * width)
+                    piece = builder.select(builder.fcmp_ordered("<", piece, zero), zero, piece)
+                builder.store(piece, builder.bitcast(builder.gep(dst, at[1:]), pty), align=4)
                 done += width
 
 
-def ir_store_tile(builder, vty, accs, mr: int, nv: int, py, ldc) -> None:
+def ir_store_tile(builder, vty, accs, mr: int, nv: int, py, ldc, pr=None, relu: bool = False) -> None:
     """Store a register tile of ``mr`` pixels x ``nv`` vectors of ``vty`` (``accs[i*nv + v]``:
     pixel ``i``'s channels ``[v*W, (v+1)*W)``) into planar output: channel ``j`` of pixel ``i``
-    at ``py[j*ldc + i]``, through an 8x8 transpose (:func:`ir_transpose_store`) per 8 lanes and
-    up to 8 pixels."""
+    at ``py[j*ldc + i]``, through an 8x8 transpose (:func:`ir_transpose_store`, with its epilogue:
+    ``pr`` a residual at the same offsets, ``relu``) per 8 lanes and up to 8 pixels."""
     i64, vw = ir.IntType(64), vty.count
     vty8 = ir.VectorType(ir.FloatType(), 8)
     for v in range(nv):
@@ -481,9 +489,9 @@ def ir_store_tile(builder, vty, accs, mr: int, nv: int, py, ldc) -> None:
                 rows = [accs[i * nv + v] if vw == 8 else
                         builder.shuffle_vector(accs[i * nv + v], ir.Constant(vty, ir.Undefined), mask)
                         for i in range(r0, min(mr, r0 + 8))]
-                base = builder.gep(py, [builder.add(builder.mul(ir.Constant(i64, v * vw + 8 * h), ldc),
-                                                    ir.Constant(i64, r0))])
-                ir_transpose_store(builder, vty8, rows, base, ldc, len(rows))
+                at = [builder.add(builder.mul(ir.Constant(i64, v * vw + 8 * h), ldc), ir.Constant(i64, r0))]
+                res = None if pr is None else builder.gep(pr, at)
+                ir_transpose_store(builder, vty8, rows, builder.gep(py, at), ldc, len(rows), res, relu)
 
 
 def ir_accumulate(builder, count, n_acc: int, vty, body, init=None) -> list:

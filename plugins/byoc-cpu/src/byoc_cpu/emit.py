@@ -67,8 +67,8 @@ INSTRUCTIONS: dict[str, tuple[int, str]] = {
 }
 
 #: fixed kernels: step kind -> (function, argument layout); "x"/"y" are buffer references
-#: (array, offset), "W" an array (the packed weight), "b" a constant's reference (the blocked
-#: kernels' bias), a number the next that many integers of
+#: (array, offset), "W" an array (the packed weight), "b" and "r" references too (the blocked
+#: kernels' bias and residual), a number the next that many integers of
 #: ``args``, "f3" the three floats of ``fargs``
 FIXED: dict[str, tuple[str, tuple]] = {
     "pad": ("K.pad_planes", ("x", 3, "y", 5)),
@@ -78,8 +78,8 @@ FIXED: dict[str, tuple[str, tuple]] = {
     "conv_direct": ("K.conv_direct", ("x", 3, "W", 14, "y")),
     "winograd": ("K.winograd", ("x", 3, "W", 6, "y")),
     "reorder8": ("K.reorder8", ("x", 10, "y")),
-    "conv8": ("K.conv8", ("x", "W", "b", 15, "y")),
-    "conv16": ("K.conv16", ("x", "W", "b", 15, "y")),
+    "conv8": ("K.conv8", ("x", "W", "b", "r", 16, "y")),
+    "conv16": ("K.conv16", ("x", "W", "b", "r", 16, "y")),
     "maxpool": ("K.maxpool2d", ("x", 13, "y")),
     "avgpool": ("K.avgpool2d", ("x", 14, "y")),
     "gpool": ("K.global_pool", ("x", 3, "y")),
@@ -400,7 +400,7 @@ class Emitter:
         floats = [float(v) for v in st.get("fargs", [])]
         call: list[str] = []
         for tok in layout:
-            if tok in ("x", "y", "b"):
+            if tok in ("x", "y", "b", "r"):
                 ref = st[tok]
                 call += [self.array(ref), self.offset(ref)]
             elif tok == "W":

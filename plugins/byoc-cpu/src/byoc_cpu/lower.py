@@ -848,11 +848,15 @@ class Lowering:
         else:  # rows of the planes' width, cropped by the epilogue
             ldr, y_ref = wq, Ref(self.scratch(m * oh * wq))
             raw = epilogue((y_ref, [0, oh * wq, wq, 1]))
+        ep, r_ref = 0, y_ref
+        fused = _kernel_epilogue(raw) if y_ref is tn else None
+        if fused is not None:  # the kernel applies it as it stores its tiles: no pass of its own
+            ep, r_ref, raw = fused[0], fused[1] or tn, None
         nb = m // mbw
 
         def conv(mb0: int, mb1: int, r0: int, r1: int) -> dict[str, Any]:
-            return {"kind": kind, "x": x8, "w": wref, "b": bref, "y": y_ref,
-                    "args": [cb, plane, wq, hq, sh, sw, kh, kw, m, oh * ldr, mb0, mb1, r0, r1, ldr]}
+            return {"kind": kind, "x": x8, "w": wref, "b": bref, "r": r_ref, "y": y_ref,
+                    "args": [cb, plane, wq, hq, sh, sw, kh, kw, m, oh * ldr, mb0, mb1, r0, r1, ldr, ep]}
 
         # byoc's own kernel: split over the pool even where OpenBLAS's threads take the GEMMs
         if nt > 1 and oh * wq >= 256 * nt:  # wide: blocks of output rows
@@ -1162,6 +1166,28 @@ def _align(n: int) -> int:
 def _gemm(m, n, k, a: Ref, lda, b: Ref, ldb, c: Ref, ldc, beta=0.0, alpha=1.0, ta=False, tb=False):
     return {"kind": "gemm", "a": a, "b": b, "c": c, "args": [m, n, k, lda, ldb, ldc],
             "fargs": [float(alpha), float(beta)], "trans": [int(ta), int(tb)]}
+
+
+def _kernel_epilogue(raw: RawEw | None) -> tuple[int, Ref | None] | None:
+    """``(ep, residual)`` where a convolution's epilogue ``raw`` (over its output, in place) is one
+    the blocked kernels apply as they store (:func:`byoc.kernels.blocked.conv16`): Relu (ep 1), an
+    Add of a tensor laid out as the output (2, the residual's reference), or that Add then Relu
+    (3); ``None`` for anything else (the epilogue then runs as its own loop)."""
+    if raw is None or len(raw.refs) != raw.n_operands + 1 or raw.n_operands > 2:
+        return None
+    acc, out = raw.refs[0], raw.refs[-1]
+    if (acc.slot is not out.slot or acc.offset != out.offset or any(s != raw.strides[0] for s in raw.strides)
+            or any(attrs for _, _, attrs in raw.code) or raw.results != [["t", len(raw.code) - 1]]):
+        return None
+    ops = [(op, [tuple(a) for a in args]) for op, args, _ in raw.code]
+    x0, x1 = ("x", 0), ("x", 1)
+    add = ("add", [x0, x1]) in ops[:1] or ("add", [x1, x0]) in ops[:1]
+    relu = ops[-1:] == [("relu", [("t", len(ops) - 2) if add else x0])]
+    if raw.n_operands == 2 and add and len(ops) == 1 + relu:
+        return 2 + relu, raw.refs[1]
+    if raw.n_operands == 1 and relu and len(ops) == 1:
+        return 1, None
+    return None
 
 
 def _drop_batch(step: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ _ATTRS = {"alpha", "beta", "gamma", "lo", "hi"}
 _FIXED_SHAPE = {  # kind -> (ints, floats); must agree with emit.FIXED
     "pad": (8, 0), "phase": (10, 0), "im2col": (14, 0), "subsample": (7, 0), "conv_direct": (17, 0), "maxpool": (13, 0),
     "avgpool": (14, 0), "gpool": (3, 0), "softmax": (3, 0), "lrn": (3, 3), "copy": (4, 0), "winograd": (9, 0),
-    "reorder8": (10, 0), "conv8": (15, 0), "conv16": (15, 0),
+    "reorder8": (10, 0), "conv8": (16, 0), "conv16": (16, 0),
 }
 
 
@@ -280,7 +280,7 @@ class _Checker:
         kind = st["kind"]
         n_int, n_float = _FIXED_SHAPE[kind]
         keys = ({"kind", "x", "y", "args"} | ({"fargs"} if n_float else set()) | ({"w"} if kind in _WEIGHTED else set())
-                | ({"b"} if kind in _BLOCKS else set()))
+                | ({"b", "r"} if kind in _BLOCKS else set()))
         _dict(st, where, keys, {"info"})
         a = [_int(v, f"{where}.args") for v in _list(st["args"], f"{where}.args", n_int)]
         for v in st.get("fargs", []) if n_float else []:
@@ -294,8 +294,9 @@ class _Checker:
             raise _fail(f"{where}.args", "bad output channel range")
         if kind in _BLOCKS and not (a[10] < a[11] <= -(-a[8] // _BLOCKS[kind]) and 0 <= a[12] < a[13]):
             raise _fail(f"{where}.args", "bad output channel block or row range")
-        if kind in _BLOCKS:  # the bias of every channel of the blocks
+        if kind in _BLOCKS:  # the bias of every channel of the blocks; the residual laid out as the output
             self.ref(st["b"], f"{where}.b", -(-a[8] // _BLOCKS[kind]) * _BLOCKS[kind], 1, False)
+            self.ref(st["r"], f"{where}.r", y_ext, count, False)
         if kind in _WEIGHTED:
             self.ref(st["w"], f"{where}.w", _WEIGHTED[kind](a), 1, False)
             if st["w"][2] != 0 or st["w"][3] != 0:
@@ -400,8 +401,9 @@ _BLOCKS = {"conv8": MB, "conv16": MB_WIDE}
 
 def _blocked_extents(mb):
     def extents(a, w):
-        cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow = a
+        cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, ep = a
         _need(min(cb, plane, wq, hq, sh, sw, kh, kw, m, ow) >= 1 and ow <= wq and ldc >= r1 * ow, w, "bad geometry")
+        _need(0 <= ep <= 3, w, "bad epilogue")
         # the farthest tap: the last phase a tap reads, then its row and column offsets; the
         # last tile starts before the last position and reads every tap up to mr - 1 past its
         # start (the plane's slack). Rows of the planes' width run as one run of positions.
