@@ -241,7 +241,7 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
     if compiled_regions and REGION_DOMAIN not in ir_model.graph.opset_imports:
         ir_model.graph.opset_imports[REGION_DOMAIN] = 1
     stages.next("execution plan")
-    plan = build_plan(ir_model.graph, budget=budget, step_factory=region_step_factory(compiled_regions))
+    plan = build_plan(ir_model.graph, budget=budget, step_factory=region_step_factory(compiled_regions), fuse=True)
     stages.finish()
     cm = CompiledModel(
         ir_model,

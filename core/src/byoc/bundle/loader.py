@@ -274,7 +274,8 @@ class _Loader:
             if rec.region in self.host_fallback:
                 rec.device, rec.fallback = "host", self.host_fallback[rec.region]
         try:
-            plan = build_plan(model.graph, budget=self.budget, step_factory=region_step_factory(compiled_regions))
+            plan = build_plan(model.graph, budget=self.budget, step_factory=region_step_factory(compiled_regions),
+                              fuse=True)
         except ByocError as exc:
             raise self.fail(f"member {host_graph!r}: {type(exc).__name__}: {exc}") from None
         cm = CompiledModel(

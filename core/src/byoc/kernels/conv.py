@@ -856,15 +856,28 @@ def make_conv(spec: NodeSpec):
     def weights(w, dt) -> _ConvWeights:
         return packed.get(w, dt)
 
-    def run(x, w, b=None):
-        _float_input(spec, x, "X")
-        dt = compute_dtype(x.dtype)
+    def geometry_of(x, w) -> dict:
         key = (x.shape, w.shape)
         g = geometry.get(key)
         if g is None:
             g = setup(x, w)
             check_geometry(spec, x, w.shape[0], g)
             geometry[key] = g
+        return g
+
+    def fuses(x, w) -> bool:
+        """Whether ``run(x, w, b, epi=...)`` takes an epilogue: float32 by the blocked kernel's wide
+        form, written in place (it applies the epilogue as it stores its tiles)."""
+        _float_input(spec, x, "X")
+        g = geometry_of(x, w)
+        return (x.dtype == np.float32 and g["how"] == "blocked" and g["mb"] == blocked.MB_WIDE
+                and blocked.own_rows(g["out_sp"][-1], g["wq"]))
+
+    def run(x, w, b=None, epi=None):
+        # epi: (a residual of Y's shape or None, relu), only where fuses(x, w) (fused_conv asks)
+        _float_input(spec, x, "X")
+        dt = compute_dtype(x.dtype)
+        g = geometry_of(x, w)
         if g["how"] in ("shift", "phase_shift", "blocked") and dt != np.float32:
             g = dict(g, how="im2col")
         pw = weights(w, dt)
@@ -913,7 +926,7 @@ def make_conv(spec: NodeSpec):
         elif how == "shift":
             _shift(x5, pw, g, bias, out)
         elif how == "blocked":
-            _blocked_conv(x5, pw, g, bias, out)
+            _blocked_conv(x5, pw, g, bias, out, epi)
         elif how == "winograd":
             _winograd(x5, pw, g, bias, out)
         elif how == "phase_shift":
@@ -928,6 +941,35 @@ def make_conv(spec: NodeSpec):
         y = out.reshape(out.shape[:2] + tuple(g["out_sp"]))
         if y.dtype != x.dtype:
             y = y.astype(x.dtype)
+        return (y,)
+
+    run.fuses = fuses
+    run.out_shape = lambda x, w: (x.shape[0], w.shape[0], *geometry_of(x, w)["out_sp"])
+    return run
+
+
+def fused_conv(conv_run, add_run=None, relu_run=None):
+    """A Conv's run function followed by an Add/Sum of a second tensor (``add_run``, that node's
+    own kernel) and/or a Relu (``relu_run``): ``run(x, w, b=None, res=None)``.
+
+    Where the convolution takes an epilogue (``conv_run.fuses``: the blocked kernel's wide form)
+    and the residual is float32 of the output's shape (or there is none), the kernel applies them
+    as it stores its tiles; otherwise the nodes' own kernels run after it. The result is the same
+    either way (the same float32 operations in the same order)."""
+    fuses = getattr(conv_run, "fuses", None)
+    relu = relu_run is not None
+
+    def run(x, w, b=None, res=None):
+        if fuses is not None and isinstance(x, np.ndarray) and isinstance(w, np.ndarray) and fuses(x, w):
+            if add_run is None:
+                return conv_run(x, w, b, epi=(None, relu))
+            if isinstance(res, np.ndarray) and res.dtype == np.float32 and res.shape == conv_run.out_shape(x, w):
+                return conv_run(x, w, b, epi=(res, relu))
+        (y,) = conv_run(x, w, b)
+        if add_run is not None:
+            (y,) = add_run(y, res)
+        if relu:
+            (y,) = relu_run(y)
         return (y,)
 
     return run
@@ -1197,13 +1239,14 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
                 threads.gemm_for(row_chunk, len(mblocks))
 
 
-def _blocked_conv(x5, pw: _ConvWeights, g, bias, out):
+def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None):
     """A 2-D convolution by the channel-blocked direct kernel, image by image: the input
     reordered into blocks of 8 channels (their stride phases for a strided one; in parallel by
     blocks), then blocks of output rows (wide outputs) or of ``g["mb"]`` output channels, the
     kernel adding the bias. The wide form writes the output's rows in place (where
-    :func:`blocked.own_rows`); else the kernel writes a planar accumulator of the (phase) planes'
-    width, cropped into ``out`` (as the shift strategy's)."""
+    :func:`blocked.own_rows`), applying the epilogue ``epi`` (residual or None, relu) as it
+    stores; else the kernel writes a planar accumulator of the (phase) planes' width, cropped
+    into ``out`` (as the shift strategy's)."""
     nb, c = x5.shape[:2]
     h, w = x5.shape[3:]
     _, kh, kw = g["k"]
@@ -1218,7 +1261,11 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out):
     in_place = mbw == blocked.MB_WIDE and blocked.own_rows(ow, wq)
     if in_place:  # output pixel (i, j) at i * ow + j of each channel: the output itself
         ldr, ldc, yf = ow, oh * ow, out.reshape(-1)
+        res, relu = epi if epi is not None else (None, False)
+        ep = (0 if res is None else 2) + int(relu)
+        rf = yf if res is None else read_only_view(np.ascontiguousarray(res).reshape(-1))
     else:
+        ep = 0
         acc = threads.scratch("conv.acc", (m, hq * wq), np.float32)
         ldr, ldc, yf = wq, hq * wq, acc.reshape(-1)
         zero = threads.scratch("conv.zero", (m,), np.float32)  # the crop's bias: the kernel added it
@@ -1231,20 +1278,21 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out):
     for n in range(nb):
         xo, on = n * c * h * w, out[n:n + 1]
         yo = n * m * oh * ow if in_place else 0
+        rn = rf if in_place else yf  # the residual (read where ep has a 2), laid out as the output
 
         def reorder(i, xo=xo):
             b0, b1 = cblocks[i]
             blocked.reorder8(xf, xo + b0 * blocked.CB * h * w, (b1 - b0) * blocked.CB, h, w, plane, hq, wq, sh, sw,
                              pt, pl, x8, b0 * plane * blocked.CB)
 
-        def part(i, on=on, yo=yo):
+        def part(i, on=on, yo=yo, rn=rn):
             a, b = blocks[i]
             if wide:  # output rows [a, b), every channel block
-                kernel(x8, 0, wb, bias, 0, yf, 0, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, 0, nbk, a, b, ldr, 0, yf, yo)
+                kernel(x8, 0, wb, bias, 0, rn, yo, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, 0, nbk, a, b, ldr, ep, yf, yo)
                 if not in_place:
                     _crop_rows(acc, hq, wq, oh, ow, zero, 0, a, b, on)
             else:  # channel blocks [a, b), every row
-                kernel(x8, 0, wb, bias, 0, yf, 0, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, a, b, 0, oh, ldr, 0, yf, yo)
+                kernel(x8, 0, wb, bias, 0, rn, yo, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, a, b, 0, oh, ldr, ep, yf, yo)
                 if not in_place:
                     _crop_planes(acc, hq, wq, oh, ow, zero, 0, a * mbw, b * mbw, on)
 

@@ -244,6 +244,7 @@ def build_plan(
     budget: Budget = DEFAULT_BUDGET,
     step_factory: Callable[[ir.Node, NodeSpec], Callable] | None = None,
     captured: Sequence[ir.Value] = (),
+    fuse: bool = False,
 ) -> Plan:
     """Lower ``graph`` (topologically sorted) to a :class:`Plan`.
 
@@ -252,6 +253,12 @@ def build_plan(
     subgraph reads; :meth:`Plan.run_positional` feeds them after the graph inputs. A node with
     subgraphs (If, Loop, Scan) receives the values its bodies capture after its own inputs, and
     finds them in ``spec.captured``.
+
+    ``fuse``: a host Conv whose output only a Relu, or only a two-input Add/Sum (then perhaps a
+    Relu), reads becomes one step with them (:func:`byoc.kernels.conv.fused_conv`: the blocked
+    kernel applies them as it stores its tiles, else their own kernels run after it). The fused
+    nodes' outputs other than the last are then never seen, so only callers that observe nothing
+    between nodes ask for it (not calibration, not a kernel wrapper).
     """
     slots: dict[int, int] = {}  # id(value) -> slot
 
@@ -273,13 +280,18 @@ def build_plan(
             constants.append((slot_of(v), v.const_value.numpy()))
 
     nodes = list(graph)
+    chains = _epilogue_chains(nodes, step_factory, graph) if fuse else {}
+    if chains:
+        nodes = _fused_order(nodes, chains)
     node_inputs: list[list[ir.Value | None]] = []
     node_captures: list[list[ir.Value]] = []
     for node in nodes:
         subs = _subgraphs(node)
         caps = captured_values(subs) if subs else []
         node_captures.append(caps)
-        node_inputs.append(list(node.inputs) + caps)
+        chain = chains.get(id(node))
+        extra = [] if chain is None else [None] * (3 - len(node.inputs)) + [_residual(chain)]  # (x, w, b, res)
+        node_inputs.append(list(node.inputs) + extra + caps)
     last_use: dict[int, int] = {}
     for idx, values in enumerate(node_inputs):
         for v in values:
@@ -300,11 +312,15 @@ def build_plan(
         run = step_factory(node, spec) if step_factory is not None else None
         if run is None:
             run = host_step(spec)
+        chain = chains.get(id(node))
+        if chain is not None:
+            run = _fused_step(run, chain, graph, budget)
         steps.append(
             Step(
                 run=run,
                 inputs=tuple(slot_of(v) if v is not None else -1 for v in node_inputs[idx]),
-                outputs=tuple(slot_of(v) if v.uses() or v.is_graph_output() else -1 for v in node.outputs),
+                outputs=tuple(slot_of(v) if v.uses() or v.is_graph_output() else -1
+                              for v in (node if chain is None else chain[-1]).outputs),
                 release=tuple(releases.get(idx, ())),
                 name=node.name or f"#{idx}",
                 op_type=node.op_type,
@@ -312,6 +328,89 @@ def build_plan(
         )
     outputs = [(v.name, slot_of(v)) for v in graph.outputs]
     return Plan(steps, len(slots), input_slots, outputs, constants, extra_slots)
+
+
+def _only_reader(v: ir.Value) -> ir.Node | None:
+    """The one node that reads ``v`` (once), if ``v`` is not a graph output and nothing else reads it."""
+    if v.is_graph_output():
+        return None
+    uses = list(v.uses())
+    if len(uses) != 1:
+        return None
+    node = uses[0][0]
+    if sum(1 for x in node.inputs if x is v) != 1:
+        return None
+    return node
+
+
+def _standard(node: ir.Node, op_types: tuple[str, ...]) -> bool:
+    return node.domain in ("", "ai.onnx") and node.op_type in op_types
+
+
+def _epilogue_chains(nodes: list[ir.Node], step_factory, graph: ir.Graph) -> dict[int, list[ir.Node]]:
+    """id(Conv) -> [Conv, Relu] | [Conv, Add/Sum] | [Conv, Add/Sum, Relu] for host Convs (float32,
+    one output) whose result only that chain reads."""
+    mine = {id(n) for n in nodes}
+    chains: dict[int, list[ir.Node]] = {}
+    taken: set[int] = set()  # an Add of two Convs' outputs joins one chain only
+
+    def host(node: ir.Node) -> bool:
+        if id(node) not in mine or _subgraphs(node):
+            return False
+        return step_factory is None or step_factory(node, node_spec(node, opset_of(graph, node.domain or ""))) is None
+
+    for node in nodes:
+        if (not _standard(node, ("Conv",)) or len(node.outputs) != 1 or not host(node)
+                or value_dtype(node.outputs[0]) != np.float32):
+            continue
+        chain = [node]
+        nxt = _only_reader(node.outputs[0])
+        if (nxt is not None and _standard(nxt, ("Add", "Sum")) and len(nxt.inputs) == 2
+                and all(x is not None for x in nxt.inputs) and id(nxt) not in taken and host(nxt)):
+            chain.append(nxt)
+            nxt = _only_reader(nxt.outputs[0])
+        if nxt is not None and _standard(nxt, ("Relu",)) and host(nxt):
+            chain.append(nxt)
+        if len(chain) > 1:
+            chains[id(node)] = chain
+            taken.update(id(n) for n in chain[1:])
+    return chains
+
+
+def _fused_order(nodes: list[ir.Node], chains: dict[int, list[ir.Node]]) -> list[ir.Node]:
+    """The plan's nodes with each epilogue chain as its Conv, which runs where the chain's last
+    node stood (an Add's other input, a shortcut say, may come after the Conv)."""
+    absorbed = {id(n) for chain in chains.values() for n in chain[1:]}
+    by_last = {id(chain[-1]): chain for chain in chains.values()}
+    order: list[ir.Node] = []
+    for node in nodes:
+        if id(node) in by_last:
+            order.append(by_last[id(node)][0])
+        elif id(node) not in absorbed and id(node) not in chains:
+            order.append(node)
+    return order
+
+
+def _residual(chain: list[ir.Node]) -> ir.Value | None:
+    """The Add/Sum's other input in an epilogue chain (``None`` without an Add/Sum)."""
+    if len(chain) < 2 or chain[1].op_type == "Relu":
+        return None
+    conv_out = chain[0].outputs[0]
+    return next(x for x in chain[1].inputs if x is not conv_out)
+
+
+def _fused_step(conv_run: RunFn, chain: list[ir.Node], graph: ir.Graph, budget: Budget) -> RunFn:
+    """The Conv's run function with its chain's Add/Sum and Relu as its epilogue."""
+    from byoc.kernels.conv import fused_conv
+
+    add = relu = None
+    for node in chain[1:]:
+        run = make_kernel(node_spec(node, opset_of(graph, node.domain or ""), budget))
+        if node.op_type == "Relu":
+            relu = run
+        else:
+            add = run
+    return fused_conv(conv_run, add, relu)
 
 
 def check_feeds(specs: Sequence[InputSpec], feeds: dict[str, Any],

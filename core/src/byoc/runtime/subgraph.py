@@ -24,7 +24,8 @@ class HostCallable:
             model = onnx.ModelProto.FromString(bytes(model))
         if isinstance(model, onnx.ModelProto):
             model = ir.from_proto(model)
-        self.plan: Plan = build_plan(model.graph, budget=budget, step_factory=step_factory)
+        # no wrapper between the nodes: the host may fuse epilogues into convolutions
+        self.plan: Plan = build_plan(model.graph, budget=budget, step_factory=step_factory, fuse=step_factory is None)
         self.input_names = [s.name for s in self.plan.input_specs()]
         self.output_names = self.plan.output_names()
 
