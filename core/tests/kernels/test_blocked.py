@@ -31,6 +31,16 @@ def cases(draw):
 @settings(max_examples=60, deadline=None)
 @given(cases())
 def test_blocked_kernels_match_reference(case):
+    _check_against_reference(case)
+
+
+@pytest.mark.parametrize("h, parts, by_channels", [(5, 1, True), (5, 2, False), (6, 3, False), (1, 1, True)])
+def test_rows_of_seven_go_in_pairs(h, parts, by_channels):
+    # rows 7 wide: the wide form takes two rows per tile of 14 (an odd one alone), in any split
+    _check_against_reference((blocked.MB_WIDE, 16, 64, 3, 3, 1, 1, h, 7, 1, 1, 1, 1, parts, by_channels, True, 3, h))
+
+
+def _check_against_reference(case):
     mb, c, m, kh, kw, sh, sw, h, w, pt, pb, pl, pr, parts, by_channels, own_rows, ep, seed = case
     kernel = blocked.kernel_for(mb)
     rng = np.random.default_rng(seed)
@@ -83,6 +93,7 @@ def test_blocked_weights_is_a_transpose_of_the_weights_bytes():
     assert blocked.applies(16, 32, 1, 3, 3, 2, 2, 1, 1)  # strided: over stride phases
     assert not blocked.applies(12, 32, 1, 3, 3, 1, 1, 1, 1) and not blocked.applies(16, 32, 1, 3, 3, 1, 1, 2, 2)
     assert not blocked.applies(16, 32, 1, 3, 3, 4, 1, 1, 1)  # a stride past the kernel
+    assert blocked.applies(16, 32, 1, 1, 1, 2, 2, 1, 1)  # but 1x1 over its first stride phase
     shape, axes = blocked.blocked_weights_axes(*wt.shape, blocked.MB_WIDE)
     assert shape[1] == blocked.MB_WIDE
     np.testing.assert_array_equal(blocked.blocked_weights(wt, blocked.MB_WIDE), wt.reshape(shape).transpose(axes).ravel())

@@ -149,12 +149,14 @@ def preferred(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh
     return mb if mb == MB_WIDE and useful_share(oh, ow, phase_extent(ow, kw, sw)) >= WIDE_MIN_SHARE else 0
 
 
-def _tile_codegen(mr: int, nv: int, vw: int):
-    """The LLVM IR of one register tile: ``mr`` pixels x ``nv`` vectors of ``vw`` output channels."""
+def _tile_codegen(mr: int, nv: int, vw: int, split: int = 0):
+    """The LLVM IR of one register tile: ``mr`` pixels x ``nv`` vectors of ``vw`` output channels.
+    With ``split``, pixels from ``split`` on are the next row's: they read the input ``jump``
+    elements (the intrinsic's last argument) further on."""
     mb = nv * vw
 
     def codegen(context, builder, signature, args):
-        nt_v, x_v, xoff_v, to_v, w_v, woff_v, b_v, bo_v, r_v, ro_v, ep_v, t_v, y_v, yo_v, ldc_v, direct_v = args
+        nt_v, x_v, xoff_v, to_v, w_v, woff_v, b_v, bo_v, r_v, ro_v, ep_v, t_v, y_v, yo_v, ldc_v, direct_v = args[:16]
         vty, fma, splat = ir_vector_ops(builder, vw)
         vptr = vty.as_pointer()
         i64 = ir.IntType(64)
@@ -169,12 +171,15 @@ def _tile_codegen(mr: int, nv: int, vw: int):
         def body(t, accs):
             cur = list(accs)
             xt = builder.gep(px, [builder.load(builder.gep(pto, [t]), align=8)])
+            xt2 = builder.gep(xt, [args[16]]) if split else xt  # the next row's pixels
             wt = builder.gep(pw, [builder.mul(t, ir.Constant(i64, CB * mb))])
             for ci in range(CB):
                 bv = [builder.load(builder.bitcast(builder.gep(wt, [ir.Constant(i64, ci * mb + v * vw)]), vptr),
                                    align=4) for v in range(nv)]
                 for i in range(mr):
-                    s = splat(builder.load(builder.gep(xt, [ir.Constant(i64, i * CB + ci)]), align=4))
+                    at = xt2 if split and i >= split else xt
+                    i0 = i - split if split and i >= split else i
+                    s = splat(builder.load(builder.gep(at, [ir.Constant(i64, i0 * CB + ci)]), align=4))
                     for v in range(nv):
                         cur[i * nv + v] = fma(s, bv[v], cur[i * nv + v])
             return cur
@@ -229,6 +234,14 @@ def _tile_wide(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, 
 def _tile_short(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct):
     """:func:`_tile_wide` for :data:`MR_SHORT` pixels."""
     return _tile_sig(x, toff, w, b, r, tile, y), _tile_codegen(MR_SHORT, NV, 16)
+
+
+@intrinsic
+def _tile_pair(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct, jump):
+    """:func:`_tile_wide` over two output rows of :data:`MR_SHORT` pixels, adjacent in the output
+    (rows 7 wide): the second row's pixels read the input ``jump`` elements (one plane row) on."""
+    sig = _tile_sig(x, toff, w, b, r, tile, y)
+    return types.void(*sig.args, types.intp), _tile_codegen(MR_WIDE, NV, 16, MR_SHORT)
 
 
 def plane_length(hq: int, wq: int, kw: int, sh: int = 1, sw: int = 1) -> int:
@@ -324,13 +337,23 @@ def _conv(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, 
                 n += 1
     tile = np.empty(mr * mbw, np.float32)
     # runs of positions cut into tiles: each output row, or all rows as one where the output's
-    # rows are the planes' (then the plane's and the output's positions are the same)
+    # rows are the planes' (then the plane's and the output's positions are the same); rows of
+    # 7 in the wide form two at a time (one tile of 14, the output's rows being adjacent)
     runs, run = (1, (r1 - r0) * wq) if ow == wq else (r1 - r0, ow)
+    step = 2 if wide and runs > 1 and run == MR_SHORT else 1
     for mb in range(mb0, mb1):
         woff, boff = mb * ntap * CB * mbw, bo + mb * mbw
         cn = min(mbw, m - mb * mbw)
-        for k in range(runs):
+        for k in range(0, runs, step):
             src, at = (r0 + k) * wq, mb * mbw * ldc + (r0 + k) * ow  # at: the output's (and residual's) offset
+            if step == 2 and k + 1 < runs:
+                nt, t = mr, 0
+                xt, yt, rt = xo + src * CB, yo + at, ro + at
+                whole = cn == mbw
+                _tile_pair(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole, wq * CB)
+                if not whole:
+                    _store_rest(tile, mbw, cn, nt, ep, r, rt, y, yt, ldc)
+                continue
             for t in range(0, run, mr):
                 nt = min(mr, run - t)
                 xt, yt, rt = xo + (src + t) * CB, yo + at + t, ro + at + t
@@ -344,14 +367,21 @@ def _conv(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, 
                     whole = nt == MR_SHORT and cn == mbw
                     _tile_short(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole)
                 if not whole:
-                    for co in range(cn):
-                        for i in range(nt):
-                            v = tile[i * mbw + co]
-                            if ep & 2:
-                                v += r[rt + co * ldc + i]
-                            if ep & 1 and v < 0:
-                                v = 0.0
-                            y[yt + co * ldc + i] = v
+                    _store_rest(tile, mbw, cn, nt, ep, r, rt, y, yt, ldc)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _store_rest(tile, mbw, cn, nt, ep, r, rt, y, yt, ldc):
+    """A partial tile from its scratch copy (``tile[i*mbw + co]``): ``cn`` channels of ``nt``
+    pixels into the planar output, with the epilogue ``ep``."""
+    for co in range(cn):
+        for i in range(nt):
+            v = tile[i * mbw + co]
+            if ep & 2:
+                v += r[rt + co * ldc + i]
+            if ep & 1 and v < 0:
+                v = 0.0
+            y[yt + co * ldc + i] = v
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -397,10 +427,11 @@ def kernel_for(mb: int):
 
 
 def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> bool:
-    """Whether :func:`conv8` runs this convolution: dilation 1, strides up to the kernel's size,
-    one group, input channels in whole blocks of 8, output channels of 16."""
-    return (group == 1 and 1 <= sh <= kh and 1 <= sw <= kw and dh == 1 and dw == 1
-            and c % CB == 0 and m % MB == 0)
+    """Whether :func:`conv8` runs this convolution: dilation 1, strides up to the kernel's size
+    (any for 1x1: its tap reads the first stride phase), one group, input channels in whole blocks
+    of 8, output channels of 16."""
+    strides = 1 <= sh and 1 <= sw and (kh * kw == 1 or (sh <= kh and sw <= kw))
+    return group == 1 and strides and dh == 1 and dw == 1 and c % CB == 0 and m % MB == 0
 
 
 __all__ = ["CB", "HALF_RATE_512", "MB", "MB_WIDE", "MR", "MR_SHORT", "MR_WIDE", "PAYS", "WIDE", "WIDE_MIN_SHARE", "applies",
