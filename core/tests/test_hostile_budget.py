@@ -63,6 +63,7 @@ ALLOWED = {
     ("tensor.py", "_longest_run"): "the length of one index map, checked by gather_nd",
     ("threads.py", "scratch"): "work buffers sized by kernels that checked their output",
     ("threads.py", "__init__"): "the pool's shared words: 16 integers, once per pool",
+    ("blocked.py", "blocked_weights"): "a stem's weights with their channels padded to 8, once per weight tensor",
 }
 
 

@@ -139,11 +139,13 @@ def _blocks(b: _Builder) -> None:
     target then caches the fused epilogues such models run (byoc-cpu shares one compiled loop
     between every region that runs the same loop body)."""
     for x in b.more_inputs:
-        y = b.op("Relu", [b.conv(x, 32, 16, 1, out=False)], out=False)
-        y = b.op("Relu", [b.conv(y, 16, 16, 3, pad=1, out=False)], out=False)
-        y = b.op("Relu", [b.conv(y, 16, 16, 3, stride=2, pad=1, out=False)], out=False)
-        y = b.conv(y, 16, 32, 1, out=False)
-        b.op("Relu", [b.op("Add", [y, b.conv(x, 32, 32, 1, stride=2, out=False)], out=False)])
+        # 32 channels and more: the blocked kernel's wide form where it runs (which applies the
+        # Relu and the residual Add as it stores), its 8-wide form elsewhere
+        y = b.op("Relu", [b.conv(x, 32, 32, 1, out=False)], out=False)
+        y = b.op("Relu", [b.conv(y, 32, 32, 3, pad=1, out=False)], out=False)
+        y = b.op("Relu", [b.conv(y, 32, 32, 3, stride=2, pad=1, out=False)], out=False)
+        y = b.conv(y, 32, 64, 1, out=False)
+        b.op("Relu", [b.op("Add", [y, b.conv(x, 32, 64, 1, stride=2, out=False)], out=False)])
 
 
 def _pool() -> onnx.ModelProto:

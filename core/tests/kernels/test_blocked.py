@@ -14,7 +14,7 @@ from byoc.kernels import blocked
 
 @st.composite
 def cases(draw):
-    c = 8 * draw(st.integers(1, 4))
+    c = draw(st.sampled_from([3, 8, 16, 24, 32]))  # 3: an RGB stem, zero-padded to one block
     mb = draw(st.sampled_from([blocked.MB, blocked.MB_WIDE]))  # conv8, conv16
     m = mb * draw(st.integers(1, 3))
     kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
@@ -52,7 +52,7 @@ def _check_against_reference(case):
     L = blocked.plane_length(hq, wq, kw, sh, sw)
     xo, yo = 5, 3  # offsets into the flat buffers
     xf = np.concatenate([np.full(xo, np.nan, np.float32), x.ravel()])
-    x8 = np.full(xo + c // 8 * L * 8, np.nan, np.float32)
+    x8 = np.full(xo + -(-c // 8) * L * 8, np.nan, np.float32)
     blocked.reorder8(xf, xo, c, h, w, L, hq, wq, sh, sw, pt, pl, x8, xo)
     ldr = ow if own_rows else wq  # output rows: the output's own (in place) or the planes' width
     ncols = oh * ldr
@@ -64,11 +64,11 @@ def _check_against_reference(case):
     if by_channels:
         cuts = np.linspace(0, nb, parts + 1).astype(int)
         for a, b in zip(cuts[:-1], cuts[1:]):
-            kernel(x8, xo, wb, bias, 1, res, 2, c // 8, L, wq, hq, sh, sw, kh, kw, m, ncols, a, b, 0, oh, ldr, ep, y, yo)
+            kernel(x8, xo, wb, bias, 1, res, 2, -(-c // 8), L, wq, hq, sh, sw, kh, kw, m, ncols, a, b, 0, oh, ldr, ep, y, yo)
     else:
         cuts = np.linspace(0, oh, parts + 1).astype(int)
         for a, b in zip(cuts[:-1], cuts[1:]):
-            kernel(x8, xo, wb, bias, 1, res, 2, c // 8, L, wq, hq, sh, sw, kh, kw, m, ncols, 0, nb, a, b, ldr, ep, y, yo)
+            kernel(x8, xo, wb, bias, 1, res, 2, -(-c // 8), L, wq, hq, sh, sw, kh, kw, m, ncols, 0, nb, a, b, ldr, ep, y, yo)
     xp = np.zeros((c, hp, wp), np.float64)
     xp[:, pt:pt + h, pl:pl + w] = x
     ref = np.zeros((m, oh, ow)) + bias[1:, None, None]
@@ -198,3 +198,13 @@ def test_positions_computed(run, want, rows):
     # no more than the planes' width (3x3: two more)
     assert blocked.computed(run) == want
     assert blocked.own_rows(run, run + 2) is rows
+
+
+@pytest.mark.parametrize("wide, c, k, want", [(True, 3, 3, 32), (True, 3, 7, 0), (True, 12, 3, 0), (False, 3, 3, 0)])
+def test_preferred_for_stems(monkeypatch, wide, c, k, want):
+    # an RGB stem takes the wide form (channels zero-padded to 8) where the GEMMs' depth is small
+    # (3x3: 27), not a 7x7 (147); 12 channels do not fill whole blocks: never
+    monkeypatch.setattr(blocked, "WIDE", wide)
+    monkeypatch.setattr(blocked, "_ENV", "")
+    monkeypatch.setattr(blocked, "PAYS", True)
+    assert blocked.preferred(c, 64, 1, k, k, 2, 2, 1, 1, 55, 55) == want

@@ -265,6 +265,25 @@ def test_blocked_kernel_applies_add_and_relu_as_it_stores(tail, ep):
     assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_rgb_stem_takes_the_wide_blocked_kernel(n):
+    # 3 input channels, a 3x3/2 stem (SqueezeNet's): the channels zero-padded to one block of 8
+    rng = np.random.default_rng(9)
+    model = make_model([helper.make_node("Conv", ["x", "W", "B"], ["c"], strides=[2, 2]),
+                        helper.make_node("Relu", ["c"], ["y"])], {"x": (n, 3, 33, 31)}, ["y"],
+                       {"W": (rng.standard_normal((64, 3, 3, 3)) * 0.3).astype(np.float32),
+                        "B": rng.standard_normal(64).astype(np.float32)})
+    feeds = {"x": rng.standard_normal((n, 3, 33, 31)).astype(np.float32)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("byoc.kernels.blocked.PAYS", True)
+        mp.setattr("byoc.kernels.blocked.WIDE", True)
+        mp.setattr("byoc.kernels.blocked._ENV", "")
+        cpu = compile_cpu(model, threads=2)
+    (region,) = cpu.regions
+    assert "K.conv16(" in region.artifact.metadata["source"]
+    assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_small_output_im2col_splits_channels(threads):
     # 7x7 output, 14M multiply-adds: with two threads the channels are split (one shared patch

@@ -121,6 +121,13 @@ def own_rows(ow: int, wq: int) -> bool:
     return ow == wq or computed(ow) <= wq
 
 
+#: a stem (fewer than 8 input channels, zero-padded to 8 in the blocked layout) takes the wide
+#: form where the GEMMs' depth (channels x taps) is below this: their tiles then starve.
+#: SqueezeNet's 3x3/2 stem (depth 27): 1.1-1.4 ms on the host's GEMMs, 0.73 blocked on 2 threads;
+#: ResNet-50's 7x7/2 (147): 3.1 blocked against 2.1 (docs/speed.md round eleven)
+STEM_MAX_DEPTH = 64
+
+
 def useful_share(oh: int, ow: int, wq: int) -> float:
     """The share of the positions :func:`conv16`'s tiles compute for an ``oh x ow`` output whose
     (phase) planes are ``wq`` wide that are output pixels (rows of their own where :func:`own_rows`)."""
@@ -143,6 +150,8 @@ def preferred(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh
     if _ENV == "1":
         return mb
     if kh * kw == 1 and mb != MB_WIDE:  # 1x1: byoc's GEMMs, except on the wide form's CPUs
+        return 0
+    if c % CB and not (mb == MB_WIDE and c * kh * kw < STEM_MAX_DEPTH):  # a stem: the GEMMs, unless shallow
         return 0
     if not WIDE:
         return mb
@@ -416,8 +425,16 @@ def blocked_weights_axes(m: int, c: int, kh: int, kw: int, mb: int = MB) -> tupl
 
 
 def blocked_weights(wt: np.ndarray, mb: int = MB) -> np.ndarray:
-    """The flat blocked weights of ``wt`` ``(m, c, kh, kw)`` for the form with ``mb`` channels per block."""
-    shape, axes = blocked_weights_axes(*wt.shape, mb)
+    """The flat blocked weights of ``wt`` ``(m, c, kh, kw)`` for the form with ``mb`` channels per
+    block; input channels past ``c`` up to a whole block of 8 are zeros (as :func:`reorder8`
+    writes the input's)."""
+    m, c, kh, kw = wt.shape
+    cp = -(-c // CB) * CB
+    if cp != c:
+        padded = np.zeros((m, cp, kh, kw), np.float32)
+        padded[:, :c] = wt
+        wt = padded
+    shape, axes = blocked_weights_axes(m, cp, kh, kw, mb)
     return np.ascontiguousarray(wt.reshape(shape).transpose(axes), dtype=np.float32).reshape(-1)
 
 
@@ -429,11 +446,12 @@ def kernel_for(mb: int):
 def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> bool:
     """Whether :func:`conv8` runs this convolution: dilation 1, strides up to the kernel's size
     (any for 1x1: its tap reads the first stride phase), one group, input channels in whole blocks
-    of 8, output channels of 16."""
+    of 8 (or fewer than 8, an RGB stem's, zero-padded to one block), output channels of 16."""
     strides = 1 <= sh and 1 <= sw and (kh * kw == 1 or (sh <= kh and sw <= kw))
-    return group == 1 and strides and dh == 1 and dw == 1 and c % CB == 0 and m % MB == 0
+    return group == 1 and strides and dh == 1 and dw == 1 and (c % CB == 0 or c < CB) and m % MB == 0
 
 
-__all__ = ["CB", "HALF_RATE_512", "MB", "MB_WIDE", "MR", "MR_SHORT", "MR_WIDE", "PAYS", "WIDE", "WIDE_MIN_SHARE", "applies",
+__all__ = ["CB", "HALF_RATE_512", "MB", "MB_WIDE", "MR", "MR_SHORT", "MR_WIDE", "PAYS", "STEM_MAX_DEPTH", "WIDE", "WIDE_MIN_SHARE",
+           "applies",
            "block_for", "blocked_weights", "blocked_weights_axes", "computed", "conv16", "conv8", "kernel_for", "own_rows",
            "phase_extent", "plane_length", "preferred", "reorder8", "tile_pixels", "useful_share"]

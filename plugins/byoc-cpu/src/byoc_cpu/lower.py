@@ -833,15 +833,19 @@ class Lowering:
         pt, pl, oh, sh, sw = p["pt"], p["pl"], p["oh"], p["sh"], p["sw"]
         # stride 1: the padded plane; strided: its stride-phase planes (blocked.reorder8)
         hq, wq = blocked.phase_extent(oh, kh, sh), blocked.phase_extent(p["ow"], kw, sw)
-        plane, cb = blocked.plane_length(hq, wq, kw, sh, sw), c // blocked.CB
+        plane, cb = blocked.plane_length(hq, wq, kw, sh, sw), -(-c // blocked.CB)  # a stem: one zero-padded block
         geo = (c, m, p["group"], kh, kw, sh, sw, p["dh"], p["dw"])
         mbw = blocked.preferred(*geo, oh, p["ow"]) or blocked.block_for(m)  # forced: the form that applies
         kind = "conv16" if mbw == blocked.MB_WIDE else "conv8"
-        shape, axes = blocked.blocked_weights_axes(m, c, kh, kw, mbw)
-        wref = self.pack_transposed(wt.reshape(shape), axes)
+        if c % blocked.CB:  # a stem's few weights, stored blocked with their channels zero-padded
+            wref = self.pack(blocked.blocked_weights(wt, mbw))
+        else:
+            shape, axes = blocked.blocked_weights_axes(m, c, kh, kw, mbw)
+            wref = self.pack_transposed(wt.reshape(shape), axes)
         x8 = Ref(self.scratch(cb * plane * blocked.CB))
         pre = [{"kind": "reorder8", "x": xn.at(b0 * blocked.CB * h * w), "y": x8.at(b0 * plane * blocked.CB),
-                "args": [(b1 - b0) * blocked.CB, h, w, plane, hq, wq, sh, sw, pt, pl]} for b0, b1 in split(cb, nt, 1)]
+                "args": [min(c, b1 * blocked.CB) - b0 * blocked.CB, h, w, plane, hq, wq, sh, sw, pt, pl]}
+               for b0, b1 in split(cb, nt, 1)]
         if kind == "conv16" and blocked.own_rows(p["ow"], wq):  # the output's own rows
             ldr, y_ref = p["ow"], tn
             raw = epilogue((tn, out_strides))
