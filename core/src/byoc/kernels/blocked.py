@@ -355,13 +355,12 @@ def _conv(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, 
         cn = min(mbw, m - mb * mbw)
         for k in range(0, runs, step):
             src, at = (r0 + k) * wq, mb * mbw * ldc + (r0 + k) * ow  # at: the output's (and residual's) offset
-            if step == 2 and k + 1 < runs:
-                nt, t = mr, 0
+            if step == 2 and k + 1 < runs:  # rows k and k + 1: 14 adjacent output pixels
                 xt, yt, rt = xo + src * CB, yo + at, ro + at
                 whole = cn == mbw
                 _tile_pair(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole, wq * CB)
                 if not whole:
-                    _store_rest(tile, mbw, cn, nt, ep, r, rt, y, yt, ldc)
+                    _store_rest(tile, mbw, cn, mr, ep, r, rt, y, yt, ldc)
                 continue
             for t in range(0, run, mr):
                 nt = min(mr, run - t)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from byoc.errors import KernelError
 from byoc.kernels import blocked, threads
 from byoc.kernels.gemm import (
     MR,
@@ -1265,6 +1266,8 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None):
         ep = (0 if res is None else 2) + int(relu)
         rf = yf if res is None else read_only_view(np.ascontiguousarray(res).reshape(-1))
     else:
+        if epi is not None:  # fused_conv asks fuses() first: only the in-place form takes one
+            raise KernelError("internal: an epilogue for a blocked convolution that crops its output")
         ep = 0
         acc = threads.scratch("conv.acc", (m, hq * wq), np.float32)
         ldr, ldc, yf = wq, hq * wq, acc.reshape(-1)

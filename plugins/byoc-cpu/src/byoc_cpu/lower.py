@@ -825,10 +825,11 @@ class Lowering:
         (:mod:`byoc.kernels.blocked`): the input reordered into blocks of 8 channels (in
         parallel by blocks), then output rows (wide outputs) or blocks of 16 or 32 output channels,
         each followed by its epilogue; the kernel adds the bias ``bref``. The wide form
-        (``conv16``) writes the output's own rows
-        (the epilogue runs in place, as a GEMM's); the 8-wide form a planar buffer of the padded
-        width, whose padding columns the epilogue drops, as the shift strategy's does. The weights
-        are stored as their own bytes and blocked at load (a transpose)."""
+        (``conv16``) writes the output's own rows, and applies a Relu / residual Add epilogue
+        itself (:func:`_kernel_epilogue`; any other runs in place, as a GEMM's); the 8-wide form
+        writes a planar buffer of the padded width, whose padding columns the epilogue drops, as
+        the shift strategy's does. The weights are stored as their own bytes and blocked at load
+        (a transpose; a stem's few weights are stored blocked, their channels zero-padded)."""
         c, h, w, m, kh, kw = p["c"], p["h"], p["w"], p["m"], p["kh"], p["kw"]
         pt, pl, oh, sh, sw = p["pt"], p["pl"], p["oh"], p["sh"], p["sw"]
         # stride 1: the padded plane; strided: its stride-phase planes (blocked.reorder8)
