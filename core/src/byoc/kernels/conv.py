@@ -1264,7 +1264,9 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None):
         ldr, ldc, yf = ow, oh * ow, out.reshape(-1)
         res, relu = epi if epi is not None else (None, False)
         ep = (0 if res is None else 2) + int(relu)
-        rf = yf if res is None else read_only_view(np.ascontiguousarray(res).reshape(-1))
+        # the residual argument always read-only (the output itself where there is none): one
+        # Numba specialisation of the kernel, not two (each ~3 s to compile on a fresh install)
+        rf = read_only_view(yf if res is None else np.ascontiguousarray(res).reshape(-1))
     else:
         if epi is not None:  # fused_conv asks fuses() first: only the in-place form takes one
             raise KernelError("internal: an epilogue for a blocked convolution that crops its output")
@@ -1281,7 +1283,7 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None):
     for n in range(nb):
         xo, on = n * c * h * w, out[n:n + 1]
         yo = n * m * oh * ow if in_place else 0
-        rn = rf if in_place else yf  # the residual (read where ep has a 2), laid out as the output
+        rn = rf if in_place else read_only_view(yf)  # the residual (read where ep has a 2), laid out as the output
 
         def reorder(i, xo=xo):
             b0, b1 = cblocks[i]
