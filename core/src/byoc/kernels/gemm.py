@@ -494,6 +494,18 @@ def ir_store_tile(builder, vty, accs, mr: int, nv: int, py, ldc, pr=None, relu: 
                 ir_transpose_store(builder, vty8, rows, builder.gep(py, at), ldc, len(rows), res, relu)
 
 
+def ir_merge(builder, vty, a: list, from_a, b: list, from_b) -> list:
+    """Phi nodes joining two lists of values: ``a[i]`` when control came from block ``from_a``,
+    ``b[i]`` when from ``from_b``."""
+    merged = []
+    for x, y in zip(a, b):
+        phi = builder.phi(vty)
+        phi.add_incoming(x, from_a)
+        phi.add_incoming(y, from_b)
+        merged.append(phi)
+    return merged
+
+
 def ir_accumulate(builder, count, n_acc: int, vty, body, init=None) -> list:
     """Emit ``for k in range(count): accs = body(k, accs)`` over ``n_acc`` vector accumulators
     that start at zero (or at the values ``init``) and stay in registers (phi nodes); returns
@@ -519,13 +531,7 @@ def ir_accumulate(builder, count, n_acc: int, vty, body, init=None) -> list:
         phi.add_incoming(value, end)
     builder.cbranch(builder.icmp_signed("<", k2, count), loop, done)
     builder.position_at_end(done)
-    final = []
-    for value, first in zip(new, start):
-        phi = builder.phi(vty)
-        phi.add_incoming(first, entry)
-        phi.add_incoming(value, end)
-        final.append(phi)
-    return final
+    return ir_merge(builder, vty, start, entry, new, end)
 
 
 def _emit_tile(builder, kc_v, pa, b_row, pc, ldc_v, pbias, init_v):
@@ -940,13 +946,7 @@ def _ukernel_t_out(typingctx, kc, w, woff, b, bo, rowoff, r0, px, pxo, s, soff, 
                 builder.gep(ps, [ir.Constant(i64, r * CW + v * _W)]), vptr), align=4))
                 for r in range(TR) for v in range(_NVT)]
             added = builder.block
-        merged = []
-        for value, extra in zip(out, more):
-            phi = builder.phi(vty)
-            phi.add_incoming(value, entry)
-            phi.add_incoming(extra, added)
-            merged.append(phi)
-        ir_store_tile(builder, vty, merged, TR, _NVT, pc, ldc_v)
+        ir_store_tile(builder, vty, ir_merge(builder, vty, out, entry, more, added), TR, _NVT, pc, ldc_v)
         return context.get_dummy_value()
 
     return sig, codegen
