@@ -23,7 +23,7 @@ Measured on the development machine (AVX2, one core, ResNet-50's 3x3 shapes 56x5
 planar output (docs/speed.md, round five).
 
 The wide form (:func:`conv16`) is the same kernel in 16-float vectors for CPUs that run them at
-full rate (:data:`WIDE`): tiles of 14 pixels x 32 channels in 28 registers (a rest of at most 7
+AVX-512 (:data:`WIDE`): tiles of 14 pixels x 32 channels in 28 registers (a rest of at most 7
 pixels in a tile of 7), weights blocked ``[M/32][C/8][kh][kw][8][32]``, the input layout unchanged. On an
 Intel Xeon with AVX-512 (one core, the same shapes, each row its own tiles): 155-208 GFLOP/s,
 against 125-186 for tiles of 8 pixels over the padded width and OpenBLAS's square SGEMM at 166
@@ -52,25 +52,12 @@ MB = NV * VW
 #: of at most that many), output channels per block
 MR_WIDE, MR_SHORT, MB_WIDE = 14, 7, 32
 
-#: CPUs whose AVX-512 units split each 512-bit FMA into two 256-bit halves (LLVM's CPU names):
-#: there byoc's 16-wide GEMM has no more FMA throughput than this 8-wide kernel, and this one
-#: reads its operands contiguously (measured on Zen 4: 94-99 GFLOP/s on one core for ResNet-50's
-#: 3x3 shapes, against ~72 for the GEMM's implicit convolution)
-HALF_RATE_512 = frozenset({"znver4"})
-
-
-def _cpu_name() -> str:
-    try:
-        from llvmlite import binding as llvm
-
-        return llvm.get_host_cpu_name()
-    except Exception:  # pragma: no cover - exotic platforms
-        return ""
-
-
-#: whether this CPU runs 16-float vectors at full rate (AVX-512, not in :data:`HALF_RATE_512`):
-#: there the wide form (:func:`conv16`) is the one that pays; elsewhere :func:`conv8`
-WIDE = FULL_WIDTH and _cpu_name() not in HALF_RATE_512
+#: whether the wide form (:func:`conv16`, 16-float vectors) is the one that pays: on every CPU with
+#: AVX-512 measured, Intel's full-rate units and Zen 4's, which runs each 512-bit FMA as two 256-bit
+#: halves. On Zen 4 (one core, ResNet-50's 3x3 shapes) the wide form's tiles of 14 pixels x 32
+#: channels ran at 91-113 GFLOP/s against 52-92 for :func:`conv8`'s 6 x 16 (fewer loads and
+#: broadcasts per FMA, no padding columns computed), docs/speed.md round twelve; elsewhere :func:`conv8`
+WIDE = FULL_WIDTH
 _ENV = os.environ.get("BYOC_BLOCKED_CONV", "")
 
 
@@ -80,7 +67,7 @@ def _pays() -> bool:
 
 #: whether the host kernels and byoc-cpu prefer this kernel where it :func:`applies` (with the
 #: block :func:`block_for` gives): on every CPU measured so far, against OpenBLAS (AVX2), against
-#: byoc's 16-wide GEMM on Zen 4 (the 8-wide form) and on full-rate AVX-512 (the wide form: on an
+#: byoc's 16-wide GEMM on AVX-512 (the wide form: on an
 #: Intel Xeon, ResNet-50's 3x3 shapes at 123-163 GFLOP/s on one core, docs/speed.md round ten).
 #: ``BYOC_BLOCKED_CONV=0``/``1`` decides instead.
 PAYS = _pays()
@@ -410,7 +397,7 @@ def conv8(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def conv16(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, ep, y, yo):
-    """:func:`conv8` in 16-float vectors, for CPUs that run them at full rate: blocks of 32 output
+    """:func:`conv8` in 16-float vectors, for CPUs with AVX-512 (:data:`WIDE`): blocks of 32 output
     channels, tiles of 14 pixels (a rest of at most 7 in one tile of 7), weights
     ``[ceil(m/32)][cb][kh][kw][8][32]``."""
     _conv(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, ep, y, yo, True)
@@ -450,7 +437,7 @@ def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: 
     return group == 1 and strides and dh == 1 and dw == 1 and (c % CB == 0 or c < CB) and m % MB == 0
 
 
-__all__ = ["CB", "HALF_RATE_512", "MB", "MB_WIDE", "MR", "MR_SHORT", "MR_WIDE", "PAYS", "STEM_MAX_DEPTH", "WIDE", "WIDE_MIN_SHARE",
+__all__ = ["CB", "MB", "MB_WIDE", "MR", "MR_SHORT", "MR_WIDE", "PAYS", "STEM_MAX_DEPTH", "WIDE", "WIDE_MIN_SHARE",
            "applies",
            "block_for", "blocked_weights", "blocked_weights_axes", "computed", "conv16", "conv8", "kernel_for", "own_rows",
            "phase_extent", "plane_length", "preferred", "reorder8", "tile_pixels", "useful_share"]
