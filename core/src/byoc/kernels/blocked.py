@@ -22,8 +22,8 @@ Measured on the development machine (AVX2, one core, ResNet-50's 3x3 shapes 56x5
 7x7x512): 62-89 GFLOP/s against 49-77 for the shift strategy's OpenBLAS GEMMs on the same
 planar output (docs/speed.md, round five).
 
-The wide form (:func:`conv16`) is the same kernel in 16-float vectors for CPUs that run them at
-AVX-512 (:data:`WIDE`): tiles of 14 pixels x 32 channels in 28 registers (a rest of at most 7
+The wide form (:func:`conv16`) is the same kernel in 16-float vectors for CPUs with AVX-512
+(:data:`WIDE`): tiles of 14 pixels x 32 channels in 28 registers (a rest of at most 7
 pixels in a tile of 7), weights blocked ``[M/32][C/8][kh][kw][8][32]``, the input layout unchanged. On an
 Intel Xeon with AVX-512 (one core, the same shapes, each row its own tiles): 155-208 GFLOP/s,
 against 125-186 for tiles of 8 pixels over the padded width and OpenBLAS's square SGEMM at 166
@@ -67,8 +67,8 @@ def _pays() -> bool:
 
 #: whether the host kernels and byoc-cpu prefer this kernel where it :func:`applies` (with the
 #: block :func:`block_for` gives): on every CPU measured so far, against OpenBLAS (AVX2), against
-#: byoc's 16-wide GEMM on AVX-512 (the wide form: on an
-#: Intel Xeon, ResNet-50's 3x3 shapes at 123-163 GFLOP/s on one core, docs/speed.md round ten).
+#: byoc's 16-wide GEMM on AVX-512 (the wide form: on an Intel Xeon, ResNet-50's 3x3 shapes at
+#: 123-163 GFLOP/s on one core, docs/speed.md round ten).
 #: ``BYOC_BLOCKED_CONV=0``/``1`` decides instead.
 PAYS = _pays()
 
