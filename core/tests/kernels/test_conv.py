@@ -365,13 +365,36 @@ def test_strategy_rules_are_shared_with_byoc_cpu():
     assert lower.winograd_tile is C.winograd_tile and lower.shift_pays is C.shift_pays
 
 
+def _patches_by_definition(x, kdims, strides, dils, pads_lo, pads_hi, out_sp, r0, r1):
+    """im2col of one image ``x`` (c, d, h, w) from an explicitly zero-padded copy: row
+    ``((ci*kd + a)*kh + ki)*kw + kj``, column ``(r - r0)*ow + j`` for rows ``r`` of the (OD*OH)
+    row space."""
+    c = x.shape[0]
+    (kd, kh, kw), (sd, sh, sw), (dd, dh, dw), (_, oh, ow) = kdims, strides, dils, out_sp
+    big = np.zeros((c,) + tuple(n + lo + hi + 2 * k * dl for n, lo, hi, k, dl in
+                                zip(x.shape[1:], pads_lo, pads_hi, kdims, dils)), x.dtype)
+    big[:, pads_lo[0]:pads_lo[0] + x.shape[1], pads_lo[1]:pads_lo[1] + x.shape[2],
+        pads_lo[2]:pads_lo[2] + x.shape[3]] = x
+    want = np.empty((c * kd * kh * kw, (r1 - r0) * ow), x.dtype)
+    for ci in range(c):
+        for a in range(kd):
+            for ki in range(kh):
+                for kj in range(kw):
+                    row = ((ci * kd + a) * kh + ki) * kw + kj
+                    for r in range(r0, r1):
+                        z, i = divmod(r, oh)
+                        want[row, (r - r0) * ow:(r - r0 + 1) * ow] = \
+                            big[ci, z * sd + a * dd, i * sh + ki * dh, kj * dw:kj * dw + ow * sw:sw]
+    return want
+
+
 @SETTINGS
 @given(c=st.integers(1, 4), h=st.integers(1, 9), w=st.integers(1, 9), kh=st.integers(1, 4), kw=st.integers(1, 4),
        sh=st.integers(1, 3), sw=st.integers(1, 3), dh=st.integers(1, 2), dw=st.integers(1, 2),
        pt=st.integers(0, 3), pl=st.integers(0, 3), pb=st.integers(0, 3), pr=st.integers(0, 3), data=st.data())
-def test_flat_im2col_equals_the_general_kernel(c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, data):
-    """The flat 2-D patch builder (host 2-D convolutions and byoc-cpu) writes exactly what the
-    general 5-D one writes, for any geometry and any block of output rows."""
+def test_flat_im2col_matches_its_definition(c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, data):
+    """The 2-D patch builder byoc-cpu calls writes the patch matrix's definition for any
+    geometry and any block of output rows, and nothing outside it."""
     from byoc.kernels import conv as C
 
     oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
@@ -384,8 +407,34 @@ def test_flat_im2col_equals_the_general_kernel(c, h, w, kh, kw, sh, sw, dh, dw, 
     size = c * kh * kw * (r1 - r0) * ow
     got = np.full(size + 5, np.nan, np.float32)
     C.im2col(x, 7, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, got, 3)
-    want = np.empty((c * kh * kw, (r1 - r0) * ow), np.float32)
-    C._im2col(x[7:].reshape(1, c, 1, h, w), 0, 0, c, 1, kh, kw, 1, sh, sw, 1, dh, dw, 0, pt, pl, 1, oh, ow, r0, r1,
-              want)
+    want = _patches_by_definition(x[7:].reshape(c, 1, h, w), (1, kh, kw), (1, sh, sw), (1, dh, dw), (0, pt, pl),
+                                  (0, pb, pr), (1, oh, ow), r0, r1)
     assert np.array_equal(got[3:3 + size], want.reshape(-1))
     assert np.isnan(got[:3]).all() and np.isnan(got[3 + size:]).all()
+
+
+@SETTINGS
+@given(c=st.integers(1, 3), d=st.integers(1, 5), h=st.integers(1, 6), w=st.integers(1, 6),
+       k=st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3)),
+       s=st.tuples(st.integers(1, 3), st.integers(1, 2), st.integers(1, 3)),
+       dl=st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 2)),
+       lo=st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)),
+       hi=st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)), data=st.data())
+def test_volume_im2col_matches_its_definition(c, d, h, w, k, s, dl, lo, hi, data):
+    """The one patch-matrix kernel on 3-D windows (the host's 3-D convolutions): any block of
+    rows of the (OD*OH) row space, including blocks that cross output depths."""
+    from byoc.kernels import conv as C
+
+    od, oh, ow = ((n + a + b - (kk - 1) * q - 1) // st_ + 1 for n, a, b, kk, q, st_ in
+                  zip((d, h, w), lo, hi, k, dl, s))
+    if min(od, oh, ow) <= 0:
+        return
+    r0 = data.draw(st.integers(0, od * oh - 1))
+    r1 = data.draw(st.integers(r0 + 1, od * oh))
+    x = np.random.default_rng(1).standard_normal(5 + c * d * h * w).astype(np.float32)
+    size = c * k[0] * k[1] * k[2] * (r1 - r0) * ow
+    got = np.full(size + 4, np.nan, np.float32)
+    C._im2col_rows(x, 5, c, d, h, w, *k, *s, *dl, *lo, oh, ow, r0, r1, got, 2)
+    want = _patches_by_definition(x[5:].reshape(c, d, h, w), k, s, dl, lo, hi, (od, oh, ow), r0, r1)
+    assert np.array_equal(got[2:2 + size], want.reshape(-1))
+    assert np.isnan(got[:2]).all() and np.isnan(got[2 + size:]).all()

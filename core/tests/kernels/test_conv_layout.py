@@ -1,6 +1,7 @@
 """The convolution's layout moves (padding planes, stride-phase planes, subsampling) against
 their definitions on an explicitly zero-padded array: same values, zeros elsewhere, nothing
-outside the channels asked for touched (issue 19 made them NumPy strided copies)."""
+outside the channels asked for touched. The host's 5-D adapters only compute offsets: the copies
+are the flat kernels byoc-cpu calls (``pad_images``, ``phase_planes``, ``subsample_volumes``)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,15 @@ def test_winograd_weights_are_g_w_gt(m, cg, group, mt, seed):
                 want[gi, :, mi, ci] = (gm @ w[gi * m + mi, ci].astype(np.float64) @ gm.T).reshape(-1)
     assert u.dtype == np.float32 and u.shape == want.shape
     np.testing.assert_allclose(u, want.astype(np.float32), rtol=2e-7, atol=1e-6)
+
+
+@settings(max_examples=60)
+@given(nb=st.integers(1, 2), c=st.integers(1, 3), d=st.integers(1, 5), h=st.integers(1, 6), w=st.integers(1, 6),
+       s=st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3)), seed=st.integers(0, 99))
+def test_subsample_of_volumes_matches_its_definition(nb, c, d, h, w, s, seed):
+    """A strided 1x1 3-D convolution's input: every stride, the depth's included."""
+    x = np.random.default_rng(seed).standard_normal((nb, c, d, h, w)).astype(np.float32)
+    od, oh, ow = ((n - 1) // k + 1 for n, k in zip((d, h, w), s))
+    out = np.full((nb, c, od, oh, ow), np.nan, np.float32)
+    C._subsample(x, *s, od, oh, ow, out)
+    np.testing.assert_array_equal(out, x[:, :, ::s[0], ::s[1], ::s[2]])

@@ -221,126 +221,83 @@ def _valid_range(o_n, s, off, n):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _im2col(x, n, c0, cn, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, od_, oh_, ow_, r0, r1, col):
-    """Patch matrix of image ``n``, channels ``[c0, c0+cn)``, output rows ``[r0, r1)`` of the (D*H) row space.
-
-    ``col`` is ``(cn*KD*KH*KW, (r1-r0)*OW)``; row ``((c*KD+kd)*KH+kh)*KW+kw``.
-    """
-    _, _, d_, h_, w_ = x.shape
-    ncols = (r1 - r0) * ow_
-    od0 = r0 // oh_
-    oh0 = r0 - od0 * oh_
-    for c in range(cn):
-        xc = x[n, c0 + c]
-        for kd in range(kd_):
-            for kh in range(kh_):
-                for kw in range(kw_):
-                    row = col[((c * kd_ + kd) * kh_ + kh) * kw_ + kw]
-                    offw = kw * dw - pw
-                    lo, hi = _valid_range(ow_, sw, offw, w_)
-                    od = od0
-                    oh = oh0
-                    id_ = od * sd - pd + kd * dd
-                    base = 0
-                    for _r in range(r1 - r0):
-                        ih = oh * sh - ph + kh * dh
-                        if id_ < 0 or id_ >= d_ or ih < 0 or ih >= h_:
-                            row[base:base + ow_] = 0
-                        else:
-                            src = xc[id_, ih]
-                            row[base:base + lo] = 0
-                            # an element loop, not a slice copy: a slice copy makes Numba compile its
-                            # shape-mismatch error path (string formatting, about 4 s on a first run)
-                            if sw == 1:
-                                for j in range(lo, hi):
-                                    row[base + j] = src[j + offw]
-                            else:
-                                for j in range(lo, hi):
-                                    row[base + j] = src[j * sw + offw]
-                            row[base + hi:base + ow_] = 0
-                        base += ow_
-                        oh += 1
-                        if oh == oh_:
-                            oh = 0
-                            od += 1
-                            id_ = od * sd - pd + kd * dd
-    return ncols
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _im2col2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co):
-    """:func:`_im2col` for one image of a 2-D convolution on flat buffers: ``x[xo:]`` holds
-    ``(c, h, w)``, ``col[co:]`` receives ``(c*kh*kw, (r1-r0)*ow)``. Plain loops on unsigned
-    flat indices (no slice objects per output row), so each row copy vectorises."""
+def _im2col_rows(x, xo, c, d, h, w, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, pt, pl, oh, ow, r0, r1, col, co):
+    """The one patch-matrix kernel (1-D, 2-D and 3-D; the host and compiled code): output rows
+    ``[r0, r1)`` of the (OD*OH) row space of one image whose ``(c, d, h, w)`` planes are at
+    ``x[xo:]``. ``col[co:]`` receives ``(c*kd*kh*kw, (r1-r0)*ow)``, row
+    ``((ci*kd + a)*kh + ki)*kw + kj``. Plain loops on unsigned flat indices (no slice objects
+    per output row, no slice-to-slice copy: its shape-error path costs seconds of compilation),
+    so each row copy vectorises."""
     ncols = (r1 - r0) * ow
     for ci in range(c):
-        for ki in range(kh):
-            for kj in range(kw):
-                dst = co + ((ci * kh + ki) * kw + kj) * ncols
-                offw = kj * dw - pl
-                lo, hi = _valid_range(ow, sw, offw, w)
-                hi = max(hi, lo)
-                for i in range(r0, r1):
-                    ih = i * sh - pt + ki * dh
-                    d = dst + (i - r0) * ow
-                    if ih < 0 or ih >= h:
-                        for j in range(ow):
-                            col[_U(d + j)] = 0
-                        continue
-                    src = xo + (ci * h + ih) * w + offw
-                    for j in range(lo):
-                        col[_U(d + j)] = 0
-                    if sw == 1:
-                        for j in range(lo, hi):
-                            col[_U(d + j)] = x[_U(src + j)]
-                    else:
-                        for j in range(lo, hi):
-                            col[_U(d + j)] = x[_U(src + j * sw)]
-                    for j in range(hi, ow):
-                        col[_U(d + j)] = 0
+        for a in range(kd):
+            for ki in range(kh):
+                for kj in range(kw):
+                    dst = co + (((ci * kd + a) * kh + ki) * kw + kj) * ncols
+                    offw = kj * dw - pl
+                    lo, hi = _valid_range(ow, sw, offw, w)
+                    r = r0
+                    while r < r1:  # one output depth at a time: the rows of one input plane
+                        z = r // oh
+                        i_lo = r - z * oh
+                        i_hi = min(oh, i_lo + r1 - r)
+                        d0 = dst + (r - r0) * ow
+                        r += i_hi - i_lo
+                        iz = z * sd - pd + a * dd
+                        if iz < 0 or iz >= d:
+                            for j in range((i_hi - i_lo) * ow):
+                                col[_U(d0 + j)] = 0
+                            continue
+                        plane = xo + (ci * d + iz) * h * w
+                        for i in range(i_lo, i_hi):
+                            ih = i * sh - pt + ki * dh
+                            dr = d0 + (i - i_lo) * ow
+                            if ih < 0 or ih >= h:
+                                for j in range(ow):
+                                    col[_U(dr + j)] = 0
+                                continue
+                            src = plane + ih * w + offw
+                            for j in range(lo):
+                                col[_U(dr + j)] = 0
+                            if sw == 1:
+                                for j in range(lo, hi):
+                                    col[_U(dr + j)] = x[_U(src + j)]
+                            else:
+                                for j in range(lo, hi):
+                                    col[_U(dr + j)] = x[_U(src + j * sw)]
+                            for j in range(hi, ow):
+                                col[_U(dr + j)] = 0
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    """``a`` as one flat view (a kernel writes through it, so no copy may stand in)."""
+    if not a.flags.c_contiguous:
+        raise ValueError("conv: a scratch or output buffer is not contiguous")
+    return a.reshape(-1)
 
 
 def _pad_planes(x, c0, ca, cb, pt, pl, hp, wp, xp):
     """Zero-padded copy for the shift strategy, channels ``[ca, cb)`` of the group starting at
-    ``c0``: channel ``c`` of image ``n`` lands at ``xp[c, n*hp*wp : (n+1)*hp*wp]`` as an
-    ``(hp, wp)`` plane; the rest of the row (borders, slack) is zero. NumPy (one fill, one
-    strided copy): as fast as a compiled loop here, and nothing to compile on a first run."""
-    nb, h_, w_ = x.shape[0], x.shape[3], x.shape[4]
-    if cb <= ca:
-        return
-    xp[ca:cb] = 0
-    dst = xp[ca:cb, :nb * hp * wp].reshape(cb - ca, nb, hp, wp)[:, :, pt:pt + h_, pl:pl + w_]
-    np.copyto(dst, x[:, c0 + ca:c0 + cb, 0].transpose(1, 0, 2, 3))
+    ``c0`` of the 5-D ``x`` (depth 1): channel ``c`` of image ``n`` lands at
+    ``xp[c, n*hp*wp : (n+1)*hp*wp]`` as an ``(hp, wp)`` plane; the rest of the row (borders,
+    slack) is zero. Offsets only: the copy is :func:`pad_images`."""
+    nb, c_all, _, h_, w_ = x.shape
+    if cb > ca:
+        ld = xp.shape[1]
+        pad_images(np.ascontiguousarray(x).reshape(-1), (c0 + ca) * h_ * w_, c_all * h_ * w_, nb, cb - ca, h_, w_,
+                   _flat(xp), ca * ld, ld, hp, wp, pt, pl)
 
 
 def _phase_planes(x, n, c0, ca, cb, sh, sw, pt, pl, hq, wq, xp):
-    """Strided shift strategy: for channels ``[ca, cb)`` (of the group at ``c0``) of image ``n``,
-    ``xp[c, (py*sw+px)*hq*wq + i*wq + j] = xpad[i*sh + py, j*sw + px]`` (zero outside the input),
-    one (hq, wq) plane per stride phase; the tail of the row is zero. NumPy: one fill, then one
-    strided copy per phase (faster than the compiled loop it replaced from 14x14 planes up, and
-    nothing to compile on a first run)."""
-    h_, w_ = x.shape[3], x.shape[4]
-    if cb <= ca:
-        return
-    plane = hq * wq
-    xp[ca:cb] = 0
-    for py in range(sh):
-        i_lo = max(0, -((py - pt) // sh))  # first i with i*sh + py - pt >= 0
-        i_hi = min(hq, (h_ - 1 - py + pt) // sh + 1) if h_ - 1 - py + pt >= 0 else 0
-        if i_lo >= i_hi:
-            continue
-        r_lo = i_lo * sh + py - pt
-        for px in range(sw):
-            off = px - pl
-            lo = (-off + sw - 1) // sw if off < 0 else 0
-            hi = min(wq, (w_ - 1 - off) // sw + 1) if w_ - 1 - off >= 0 else 0
-            if lo >= hi:
-                continue
-            base = (py * sw + px) * plane
-            dst = xp[ca:cb, base:base + plane].reshape(cb - ca, hq, wq)[:, i_lo:i_hi, lo:hi]
-            src = x[n, c0 + ca:c0 + cb, 0, r_lo:r_lo + (i_hi - i_lo - 1) * sh + 1:sh,
-                    lo * sw + off:(hi - 1) * sw + off + 1:sw]
-            np.copyto(dst, src)
+    """Strided shift strategy: for channels ``[ca, cb)`` (of the group at ``c0``) of image ``n``
+    of the 5-D ``x`` (depth 1), ``xp[c, (py*sw+px)*hq*wq + i*wq + j] = xpad[i*sh + py, j*sw + px]``
+    (zero outside the input), one (hq, wq) plane per stride phase; the tail of the row is zero.
+    Offsets only: the copy is :func:`phase_planes`."""
+    c_all, h_, w_ = x.shape[1], x.shape[3], x.shape[4]
+    if cb > ca:
+        ld = xp.shape[1]
+        phase_planes(np.ascontiguousarray(x).reshape(-1), (n * c_all + c0 + ca) * h_ * w_, cb - ca, h_, w_,
+                     _flat(xp), ca * ld, ld, sh, sw, pt, pl, hq, wq)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -400,8 +357,11 @@ def _crop_rows(acc, hp, wp, oh_, ow_, bias, m0, r0, r1, out):
 
 
 def _subsample(x, sd, sh, sw, od_, oh_, ow_, out):
-    """``out = x[:, :, ::sd, ::sh, ::sw]`` (the first ``od_, oh_, ow_``): one NumPy strided copy."""
-    np.copyto(out, x[:, :, :od_ * sd:sd, :oh_ * sh:sh, :ow_ * sw:sw])
+    """``out = x[:, :, ::sd, ::sh, ::sw]`` (the first ``od_, oh_, ow_``) for 5-D ``x`` and
+    ``out``. Offsets only: the copy is :func:`subsample_volumes`."""
+    nb, c, d_, h_, w_ = x.shape
+    subsample_volumes(np.ascontiguousarray(x).reshape(-1), 0, nb * c, d_, h_, w_, sd, sh, sw, od_, oh_, ow_,
+                      _flat(out), 0)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -1015,16 +975,11 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out, bias):
         _im2col_strided(x5, pw, g, outr, max_rows, bias)
         return
     c_all, id_, ih, iw = x5.shape[1:]
-    xf = x5.reshape(-1)
-    flat2d = kd == 1 and od == 1 and pd == 0 and id_ == 1
+    xf = np.ascontiguousarray(x5).reshape(-1)
 
     def patches(n, c0, r0, r1, col):
-        # 2-D: the flat kernel (shared with byoc-cpu); 3-D: the general one
-        if flat2d:
-            _im2col2d(xf, (n * c_all + c0) * ih * iw, cg, ih, iw, kh, kw, sh, sw, dh, dw, ph, pw_, ow, r0, r1,
-                      col.reshape(-1), 0)
-        else:
-            _im2col(x5, n, c0, cg, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw_, od, oh, ow, r0, r1, col)
+        _im2col_rows(xf, (n * c_all + c0) * id_ * ih * iw, cg, id_, ih, iw, kd, kh, kw, sd, sh, sw, dd, dh, dw,
+                     pd, ph, pw_, oh, ow, r0, r1, _flat(col), 0)
 
     if nt > 1 and s_out >= 512 * nt:
         # wide output: blocks of output rows, each built and multiplied by one thread
@@ -1551,31 +1506,41 @@ def _planes(buf, off, c, h, w):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def pad_planes(x, xo, c, h, w, xp, po, ldp, hp, wp, pt, pl):
-    """Zero-padded copy of ``c`` planes ``(h, w)`` at ``x[xo:]``: plane ``i`` becomes row ``i`` of
-    ``xp[po:]`` (row length ``ldp >= hp*wp``), laid out ``(hp, wp)`` with the input at
-    ``(pt, pl)``; every other element of the row is zero."""
+def pad_images(x, xo, xs, nb, c, h, w, xp, po, ldp, hp, wp, pt, pl):
+    """Zero-padded copy of ``c`` planes ``(h, w)`` of ``nb`` images: plane ``ci`` of image ``n``
+    (at ``x[xo + n*xs + ci*h*w:]``) lands at ``xp[po + ci*ldp + n*hp*wp:]`` laid out
+    ``(hp, wp)`` with the input at ``(pt, pl)``; every other element of the rows (borders, the
+    tail after ``nb*hp*wp`` up to the row length ``ldp``) is zero."""
     q_lo = min(wp, max(0, pl))
     q_hi = max(q_lo, min(wp, pl + w))
     for ci in range(c):
-        d = po + ci * ldp
-        s = xo + ci * h * w
-        for r in range(hp):
-            i = r - pt
-            row = d + r * wp
-            if i < 0 or i >= h:
-                for q in range(wp):
+        d0 = po + ci * ldp
+        for n in range(nb):
+            d = d0 + n * hp * wp
+            s = xo + n * xs + ci * h * w
+            for r in range(hp):
+                i = r - pt
+                row = d + r * wp
+                if i < 0 or i >= h:
+                    for q in range(wp):
+                        xp[_U(row + q)] = 0
+                    continue
+                src = s + i * w - pl
+                for q in range(q_lo):
                     xp[_U(row + q)] = 0
-                continue
-            src = s + i * w - pl
-            for q in range(q_lo):
-                xp[_U(row + q)] = 0
-            for q in range(q_lo, q_hi):
-                xp[_U(row + q)] = x[_U(src + q)]
-            for q in range(q_hi, wp):
-                xp[_U(row + q)] = 0
-        for f in range(hp * wp, ldp):
-            xp[_U(d + f)] = 0
+                for q in range(q_lo, q_hi):
+                    xp[_U(row + q)] = x[_U(src + q)]
+                for q in range(q_hi, wp):
+                    xp[_U(row + q)] = 0
+        for f in range(nb * hp * wp, ldp):
+            xp[_U(d0 + f)] = 0
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def pad_planes(x, xo, c, h, w, xp, po, ldp, hp, wp, pt, pl):
+    """:func:`pad_images` of one image: plane ``i`` at ``x[xo:]`` becomes row ``i`` of
+    ``xp[po:]`` (row length ``ldp >= hp*wp``)."""
+    pad_images(x, xo, 0, 1, c, h, w, xp, po, ldp, hp, wp, pt, pl)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -1622,22 +1587,30 @@ def phase_planes(x, xo, c, h, w, xp, po, ldq, sh, sw, pt, pl, hq, wq):
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co):
-    """Patch matrix of output rows ``[r0, r1)``: ``col[co:]`` is ``(c*kh*kw, (r1-r0)*ow)``, row
-    ``(ci*kh + ki)*kw + kj``."""
+    """Patch matrix of output rows ``[r0, r1)`` of a 2-D convolution (:func:`_im2col_rows`):
+    ``col[co:]`` is ``(c*kh*kw, (r1-r0)*ow)``, row ``(ci*kh + ki)*kw + kj``."""
     if c * h * w > x.shape[0] - xo or c * kh * kw * (r1 - r0) * ow > col.shape[0] - co:
         raise ValueError("im2col: the planes or the patch matrix do not fit their buffers")
-    _im2col2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co)
+    _im2col_rows(x, xo, c, 1, h, w, 1, kh, kw, 1, sh, sw, 1, dh, dw, 0, pt, pl, max(r1, 1), ow, r0, r1, col, co)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def subsample_volumes(x, xo, c, d, h, w, sd, sh, sw, od, oh, ow, y, yo):
+    """``y[ci, k, i, j] = x[ci, k*sd, i*sh, j*sw]`` for ``c`` volumes ``(d, h, w)`` at ``x[xo:]``
+    into ``(od, oh, ow)`` at ``y[yo:]`` (a 1x1 convolution's strides)."""
+    for ci in range(c):
+        for k in range(od):
+            for i in range(oh):
+                src = xo + ((ci * d + k * sd) * h + i * sh) * w
+                dst = yo + ((ci * od + k) * oh + i) * ow
+                for j in range(ow):
+                    y[_U(dst + j)] = x[_U(src + j * sw)]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def subsample(x, xo, c, h, w, sh, sw, oh, ow, y, yo):
-    """``y[ci, i, j] = x[ci, i*sh, j*sw]`` (a 1x1 convolution's strides)."""
-    for ci in range(c):
-        for i in range(oh):
-            src = xo + (ci * h + i * sh) * w
-            dst = yo + (ci * oh + i) * ow
-            for j in range(ow):
-                y[_U(dst + j)] = x[_U(src + j * sw)]
+    """``y[ci, i, j] = x[ci, i*sh, j*sw]``: :func:`subsample_volumes` of depth 1."""
+    subsample_volumes(x, xo, c, 1, h, w, 1, sh, sw, 1, oh, ow, y, yo)
 
 
 def winograd_weights(w: np.ndarray, mt: int, group: int = 1) -> np.ndarray:

@@ -18,6 +18,8 @@ import numba
 import numpy as np
 from numba import prange
 
+from byoc.kernels.conv import im2col
+
 from byoc_vitis.program import ACT_LEAKY, ACT_RELU, ACT_RELU6, HSIG_BITS, LEAKY_NUM, LEAKY_SHIFT, Program
 
 _jit = numba.njit(cache=True, nogil=True)
@@ -54,28 +56,6 @@ def _out(acc, m, s, act, act_max):
 # -- convolution: im2col per group, then an int32 GEMM --------------------------------------
 
 
-@_jit
-def _im2col(x, n, c0, cg, kh_, kw_, sh, sw, dh, dw, pt, pl, oh_, ow_):
-    h_, w_ = x.shape[2], x.shape[3]
-    col = np.zeros((cg * kh_ * kw_, oh_ * ow_), np.int8)
-    r = 0
-    for c in range(cg):
-        for kh in range(kh_):
-            for kw in range(kw_):
-                off = kw * dw - pl
-                for oh in range(oh_):
-                    ih = oh * sh - pt + kh * dh
-                    if ih < 0 or ih >= h_:
-                        continue
-                    base = oh * ow_
-                    for ow in range(ow_):
-                        iw = ow * sw + off
-                        if iw >= 0 and iw < w_:
-                            col[r, base + ow] = x[n, c0 + c, ih, iw]
-                r += 1
-    return col
-
-
 @_pjit
 def _gemm_requant(wmat, col, b, m, s, act, act_max, out, o0):
     """out[o0 + o, p] = _out(b[o0+o] + sum_k wmat[o, k] * col[k, p]) for every o, p."""
@@ -107,13 +87,15 @@ def conv(x, w, b, m, s, stride, dilation, pads, group, out_shape, act, act_max):
     y = np.empty((n_, o_, oh_ * ow_), np.int8)
     wmat = np.ascontiguousarray(w.reshape(o_, cg * kh_ * kw_))
     direct = kh_ == 1 and kw_ == 1 and tuple(stride) == (1, 1) and not any(pads)
+    xf = np.ascontiguousarray(x).reshape(-1)
+    col = np.empty((cg * kh_ * kw_, oh_ * ow_), np.int8)
     for n in range(n_):
         for g in range(group):
             if direct:
                 col = np.ascontiguousarray(x[n, g * cg:(g + 1) * cg].reshape(cg, h_ * w_))
-            else:
-                col = _im2col(x, n, g * cg, cg, kh_, kw_, stride[0], stride[1], dilation[0], dilation[1],
-                              pads[0], pads[1], oh_, ow_)
+            else:  # the core's patch-matrix kernel (zero where the window leaves the input)
+                im2col(xf, (n * c_ + g * cg) * h_ * w_, cg, h_, w_, kh_, kw_, stride[0], stride[1], dilation[0],
+                       dilation[1], pads[0], pads[1], ow_, 0, oh_, col.reshape(-1), 0)
             _gemm_requant(wmat[g * og:(g + 1) * og], col, b, m, s, act, act_max, y[n], g * og)
     return y.reshape(n_, o_, oh_, ow_)
 
