@@ -438,3 +438,14 @@ def test_volume_im2col_matches_its_definition(c, d, h, w, k, s, dl, lo, hi, data
     want = _patches_by_definition(x[5:].reshape(c, d, h, w), k, s, dl, lo, hi, (od, oh, ow), r0, r1)
     assert np.array_equal(got[2:2 + size], want.reshape(-1))
     assert np.isnan(got[:2]).all() and np.isnan(got[2 + size:]).all()
+
+
+@pytest.mark.parametrize("depth, strides", [(2, [2, 1, 2]), (3, [3, 2, 1]), (1, [1, 2, 2])])
+def test_conv3d_one_output_depth_strided(depth, strides):
+    """A 3-D convolution with one output depth from an input deeper than 1 and strides in the
+    plane: the strided im2col reads stride-phase planes of depth 1 only, so this one takes the
+    rows kernel (a flat phase copy once read the wrong planes here: a hypothesis find)."""
+    rng = np.random.default_rng(depth)
+    x = rng.standard_normal((2, 5, depth, 3, 4)).astype(np.float32)
+    w = rng.standard_normal((3, 5, 1, 2, 2)).astype(np.float32)
+    check("Conv", [x, w], {"strides": strides, "kernel_shape": [1, 2, 2], "pads": [0] * 6}, const=(1,))

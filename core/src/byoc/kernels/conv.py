@@ -281,6 +281,8 @@ def _pad_planes(x, c0, ca, cb, pt, pl, hp, wp, xp):
     ``c0`` of the 5-D ``x`` (depth 1): channel ``c`` of image ``n`` lands at
     ``xp[c, n*hp*wp : (n+1)*hp*wp]`` as an ``(hp, wp)`` plane; the rest of the row (borders,
     slack) is zero. Offsets only: the copy is :func:`pad_images`."""
+    if x.shape[2] != 1:
+        raise ValueError("conv: the plane copies take 1-D / 2-D input (depth 1)")
     nb, c_all, _, h_, w_ = x.shape
     if cb > ca:
         ld = xp.shape[1]
@@ -293,6 +295,8 @@ def _phase_planes(x, n, c0, ca, cb, sh, sw, pt, pl, hq, wq, xp):
     of the 5-D ``x`` (depth 1), ``xp[c, (py*sw+px)*hq*wq + i*wq + j] = xpad[i*sh + py, j*sw + px]``
     (zero outside the input), one (hq, wq) plane per stride phase; the tail of the row is zero.
     Offsets only: the copy is :func:`phase_planes`."""
+    if x.shape[2] != 1:
+        raise ValueError("conv: the plane copies take 1-D / 2-D input (depth 1)")
     c_all, h_, w_ = x.shape[1], x.shape[3], x.shape[4]
     if cb > ca:
         ld = xp.shape[1]
@@ -971,7 +975,8 @@ def _im2col_conv(x5, pw: _ConvWeights, g, out, bias):
     outr = out.reshape(nb, out.shape[1], -1)
     nt = threads.gemm_split()
     max_rows = max(1, _COL_BLOCK // max(1, krows * ow))
-    if kd == 1 and od == 1 and pd == 0 and (sh > 1 or sw > 1):  # the strided path reads input depth 0
+    if kd == 1 and od == 1 and pd == 0 and x5.shape[2] == 1 and (sh > 1 or sw > 1):
+        # strided 1-D / 2-D: from stride-phase planes (depth > 1 with one output depth: the rows kernel)
         _im2col_strided(x5, pw, g, outr, max_rows, bias)
         return
     c_all, id_, ih, iw = x5.shape[1:]
