@@ -152,13 +152,14 @@ def _tile_codegen(mr: int, nv: int, vw: int, split: int = 0):
     mb = nv * vw
 
     def codegen(context, builder, signature, args):
-        nt_v, x_v, xoff_v, to_v, w_v, woff_v, b_v, bo_v, r_v, ro_v, ep_v, t_v, y_v, yo_v, ldc_v, direct_v = args[:16]
+        nt_v, x_v, xoff_v, to_v, w_v, woff_v, b_v, bo_v, r_v, ro_v, ep_v, t_v, y_v, yo_v, ldc_v, direct_v, pf_v = args[:17]
         vty, fma, splat = ir_vector_ops(builder, vw)
         vptr = vty.as_pointer()
         i64 = ir.IntType(64)
         px = builder.gep(context.make_array(signature.args[1])(context, builder, x_v).data, [xoff_v])
         pto = context.make_array(signature.args[3])(context, builder, to_v).data
-        pw = builder.gep(context.make_array(signature.args[4])(context, builder, w_v).data, [woff_v])
+        pw0 = context.make_array(signature.args[4])(context, builder, w_v).data
+        pw = builder.gep(pw0, [woff_v])
         pb = builder.gep(context.make_array(signature.args[6])(context, builder, b_v).data, [bo_v])
         pr = builder.gep(context.make_array(signature.args[8])(context, builder, r_v).data, [ro_v])
         pt = context.make_array(signature.args[11])(context, builder, t_v).data
@@ -167,8 +168,13 @@ def _tile_codegen(mr: int, nv: int, vw: int, split: int = 0):
         def body(t, accs):
             cur = list(accs)
             xt = builder.gep(px, [builder.load(builder.gep(pto, [t]), align=8)])
-            xt2 = builder.gep(xt, [args[16]]) if split else xt  # the next row's pixels
+            xt2 = builder.gep(xt, [args[17]]) if split else xt  # the next row's pixels
             wt = builder.gep(pw, [builder.mul(t, ir.Constant(i64, CB * mb))])
+            # a quarter of the next weight block's lines per tile, a share at each tap (pf < 0: none)
+            with builder.if_then(builder.icmp_signed(">=", pf_v, ir.Constant(i64, 0))):
+                ahead = builder.gep(pw0, [builder.add(pf_v, builder.mul(t, ir.Constant(i64, CB * mb // 4)))])
+                for line in range(CB * mb // 64):
+                    ir_prefetch(builder, builder.gep(ahead, [ir.Constant(i64, 16 * line)]))
             for ci in range(CB):
                 bv = [builder.load(builder.bitcast(builder.gep(wt, [ir.Constant(i64, ci * mb + v * vw)]), vptr),
                                    align=4) for v in range(nv)]
@@ -205,13 +211,22 @@ def _tile_codegen(mr: int, nv: int, vw: int, split: int = 0):
     return codegen
 
 
+def ir_prefetch(builder, p) -> None:
+    """Prefetch the cache line at ``p`` for reading into L2 (``prefetcht1``; a hint: no fault)."""
+    i32 = ir.IntType(32)
+    fn = builder.module.globals.get("llvm.prefetch.p0")
+    if fn is None:
+        fn = ir.Function(builder.module, ir.FunctionType(ir.VoidType(), [p.type, i32, i32, i32]), name="llvm.prefetch.p0")
+    builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
+
+
 def _tile_sig(x, toff, w, b, r, tile, y):
     return types.void(types.intp, x, types.intp, toff, w, types.intp, b, types.intp, r, types.intp, types.intp, tile,
-                      y, types.intp, types.intp, types.boolean)
+                      y, types.intp, types.intp, types.boolean, types.intp)
 
 
 @intrinsic
-def _tile(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct):
+def _tile(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct, pf):
     """``acc[i, j] = b[bo + j] + sum_t sum_ci x[xoff + toff[t] + i*8 + ci] * w[woff + (t*8 + ci)*16 + j]``
     for ``i < 6``, ``j < 16``, ``t < ntap`` in registers; then with ``direct`` stored transposed
     straight into the planar output, ``y[yo + j*ldc + i] = epilogue(acc[i, j])`` (a whole tile: 6
@@ -221,19 +236,19 @@ def _tile(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo
 
 
 @intrinsic
-def _tile_wide(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct):
+def _tile_wide(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct, pf):
     """:func:`_tile` for :data:`MR_WIDE` pixels x :data:`MB_WIDE` channels in 16-float vectors."""
     return _tile_sig(x, toff, w, b, r, tile, y), _tile_codegen(MR_WIDE, NV, 16)
 
 
 @intrinsic
-def _tile_short(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct):
+def _tile_short(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct, pf):
     """:func:`_tile_wide` for :data:`MR_SHORT` pixels."""
     return _tile_sig(x, toff, w, b, r, tile, y), _tile_codegen(MR_SHORT, NV, 16)
 
 
 @intrinsic
-def _tile_pair(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct, jump):
+def _tile_pair(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo, ldc, direct, pf, jump):
     """:func:`_tile_wide` over two output rows of :data:`MR_SHORT` pixels, adjacent in the output
     (rows 7 wide): the second row's pixels read the input ``jump`` elements (one plane row) on."""
     sig = _tile_sig(x, toff, w, b, r, tile, y)
@@ -340,27 +355,32 @@ def _conv(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, 
     for mb in range(mb0, mb1):
         woff, boff = mb * ntap * CB * mbw, bo + mb * mbw
         cn = min(mbw, m - mb * mbw)
+        j = 0  # the block's tiles so far: the first four prefetch the next block's weights
         for k in range(0, runs, step):
             src, at = (r0 + k) * wq, mb * mbw * ldc + (r0 + k) * ow  # at: the output's (and residual's) offset
             if step == 2 and k + 1 < runs:  # rows k and k + 1: 14 adjacent output pixels
                 xt, yt, rt = xo + src * CB, yo + at, ro + at
                 whole = cn == mbw
-                _tile_pair(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole, wq * CB)
+                pf = woff + ntap * CB * mbw + j * ntap * CB * mbw // 4 if mb + 1 < mb1 and j < 4 else -1
+                j += 1
+                _tile_pair(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole, pf, wq * CB)
                 if not whole:
                     _store_rest(tile, mbw, cn, mr, ep, r, rt, y, yt, ldc)
                 continue
             for t in range(0, run, mr):
                 nt = min(mr, run - t)
                 xt, yt, rt = xo + (src + t) * CB, yo + at + t, ro + at + t
+                pf = woff + ntap * CB * mbw + j * ntap * CB * mbw // 4 if mb + 1 < mb1 and j < 4 else -1
+                j += 1
                 if not wide:
                     whole = nt == mr and cn == mbw
-                    _tile(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole)
+                    _tile(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole, pf)
                 elif nt > MR_SHORT:
                     whole = nt == mr and cn == mbw
-                    _tile_wide(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole)
+                    _tile_wide(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole, pf)
                 else:  # a rest of at most 7: the short tile
                     whole = nt == MR_SHORT and cn == mbw
-                    _tile_short(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole)
+                    _tile_short(ntap, x8, xt, toff, wb, woff, b, boff, r, rt, ep, tile, y, yt, ldc, whole, pf)
                 if not whole:
                     _store_rest(tile, mbw, cn, nt, ep, r, rt, y, yt, ldc)
 
