@@ -265,6 +265,38 @@ def test_blocked_kernel_applies_add_and_relu_as_it_stores(tail, ep):
     assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("later, placed", [(None, True), ("Sigmoid", False), ("output", False), ("input", False)])
+def test_conv_writes_over_a_residual_that_dies_there(later, placed):
+    # a -> Conv -> Add(., a) -> Relu -> Conv, the wide blocked kernel adding a as it stores: where a dies
+    # at the Add, the output takes a's buffer (each element read just before it is overwritten);
+    # where a is read later (a Sigmoid after, a region output) or is the Conv's own input, it keeps
+    # its own. Batch 2: the residual's offset follows the image.
+    rng = np.random.default_rng(11)
+    w = {k: (rng.standard_normal((32, 32, kh, kh)) * 0.1).astype(np.float32) for k, kh in (("W0", 1), ("W1", 3))}
+    src = "c0" if later != "input" else "a"
+    nodes = [helper.make_node("Conv", ["x", "W0"], ["a"]),
+             helper.make_node("Relu", ["a"], ["c0"]),
+             helper.make_node("Conv", [src, "W1"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "a"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r"]),
+             helper.make_node("Conv", ["r", "W0"], ["y"])]
+    outs = ["y"]
+    if later == "Sigmoid":
+        nodes.append(helper.make_node("Sigmoid", ["a"], ["z"]))
+        outs.append("z")
+    elif later == "output":
+        outs.append("a")
+    model = make_model(nodes, {"x": (2, 32, 6, 20)}, outs, w)
+    feeds = {"x": rng.standard_normal((2, 32, 6, 20)).astype(np.float32)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("byoc.kernels.blocked.WIDE", True)
+        cpu = compile_cpu(model, conv_strategy="blocked", threads=2)
+    (region,) = cpu.regions
+    steps = [s for s in _flat(region.artifact.metadata["program"]["steps"]) if s["kind"] == "conv16" and s["args"][-1] == 3]
+    assert steps and all((s["y"] == s["r"]) == placed for s in steps)
+    assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_rgb_stem_takes_the_wide_blocked_kernel(n):
     # 3 input channels, a 3x3/2 stem (SqueezeNet's): the channels zero-padded to one block of 8

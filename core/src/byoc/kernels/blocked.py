@@ -28,6 +28,11 @@ pixels in a tile of 7), weights blocked ``[M/32][C/8][kh][kw][8][32]``, the inpu
 Intel Xeon with AVX-512 (one core, the same shapes, each row its own tiles): 155-208 GFLOP/s,
 against 125-186 for tiles of 8 pixels over the padded width and OpenBLAS's square SGEMM at 166
 (docs/speed.md, rounds ten and eleven).
+
+A weight block serves every tile of its output channels; where those are few (ResNet-50's 7x7
+stage: four tiles per block, 2-9 MB of weights per layer) the first tile would stream the block
+from memory alone, so the first four tiles of each block prefetch the next block's weights into
+L2, a quarter each, a share at every tap (docs/speed.md, round thirteen).
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ Phases, in order:
    group can run as one unit at its last node); otherwise it starts an *elementwise group*.
    A group becomes one GEMM plus one generated loop (its epilogue), or one generated loop.
 3. **storage**: Reshape-like nodes are views of their input's buffer; inputs of a Concat along
-   a leading axis are written by their producers straight into the Concat's buffer (no copy).
+   a leading axis are written by their producers straight into the Concat's buffer (no copy); a
+   Conv -> Add (-> Relu) that the wide blocked kernel stores in place writes over a residual
+   that dies there.
 4. **steps**: per group/operator, the calls the generated driver makes.
 5. **memory plan**: every intermediate buffer gets an offset in one float32 arena, reusing
    memory of buffers that are dead (interval colouring, first fit); region outputs get fresh
@@ -422,6 +424,7 @@ class Lowering:
                     if id(v) in seen:
                         info.params["placed"][i] = False
                     seen.add(id(v))
+        self._over_residuals(units)
         # buffers for the values that exist in memory: region inputs, what a unit writes (group
         # outputs, single operators) and what views and concat pieces hang off them
         materialized: set[int] = set()
@@ -444,6 +447,49 @@ class Lowering:
             root, _ = self._val(v).root()
             if root.slot is not None and root.slot.kind == "arena":
                 root.slot.kind = "out"
+
+    def _over_residuals(self, units: list[Group | int]) -> None:
+        """A Conv -> Add (-> Relu) group that the wide blocked kernel runs in place, applying the
+        Add as it stores its tiles, writes its output over the residual where the residual dies
+        there: each element is read just before the same thread overwrites it, so the kernel
+        fetches one buffer, not two (the store's lines are the residual's). ResNet-50's 64 -> 256
+        at 56x56 with a residual of its own: 1.0 ms; over the residual: 0.7, as without one."""
+        pos = {k: u for u, unit in enumerate(units) for k in (unit.members if isinstance(unit, Group) else [unit])}
+        for u, grp in enumerate(units):
+            if not isinstance(grp, Group) or grp.anchor is None or self.nodes[grp.anchor].op_type != "Conv":
+                continue
+            res = self._residual_over(grp, u, pos)
+            if res is not None:
+                out = self._val(self.nodes[grp.last].outputs[0])
+                out.parent, out.offset = res, 0
+                self.infos[grp.anchor].params["over_residual"] = True
+
+    def _residual_over(self, grp: Group, u: int, pos: dict[int, int]) -> "Val | None":
+        """The residual ``grp``'s output may take (:meth:`_over_residuals`), else None."""
+        ops_ = [self.nodes[k].op_type for k in grp.members]
+        if ops_[1:] not in (["Add"], ["Sum"], ["Add", "Relu"], ["Sum", "Relu"]):
+            return None
+        conv, add = self.nodes[grp.anchor], self.nodes[grp.members[1]]
+        raw, out = self._val(conv.outputs[0]), self._val(self.nodes[grp.last].outputs[0])
+        others = [self._val(v) for v in add.inputs if v is not None and self._val(v) is not raw]
+        if len(add.inputs) != 2 or len(others) != 1 or raw.uses != [grp.members[1]]:
+            return None
+        res = others[0]
+        if (out.is_output or out.parent is not None or res.shape != out.shape or res.parent is not None
+                or res.producer is None or res.const is not None or res.input_index is not None or res.is_output
+                or res is self._val(conv.inputs[0])):
+            return None
+        if any(self.infos[k].kind == "alias" or pos[k] >= u for k in res.uses if k != grp.members[1]):
+            return None  # read later, or through a view
+        if any(v.parent is res for v in self._all_vals()):
+            return None
+        p = self.infos[grp.anchor].params
+        if self.conv_strategy(p) != "blocked":
+            return None
+        geo = (p["c"], p["m"], p["group"], p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"])
+        mbw = blocked.preferred(*geo, p["oh"], p["ow"]) or blocked.block_for(p["m"])
+        wq = blocked.phase_extent(p["ow"], p["kw"], p["sw"])
+        return res if mbw == blocked.MB_WIDE and blocked.own_rows(p["ow"], wq) else None
 
     def _can_place(self, piece: Val, concat_index: int) -> bool:
         if piece.parent is not None or piece.producer is None or piece.is_output:
@@ -855,6 +901,8 @@ class Lowering:
             raw = epilogue((y_ref, [0, oh * wq, wq, 1]))
         ep, r_ref = 0, y_ref
         fused = _kernel_epilogue(raw) if y_ref is tn else None
+        if p.get("over_residual") and (fused is None or fused[1] is None):
+            raise LoweringError("internal: a convolution writes over its residual without the kernel's epilogue")
         if fused is not None:  # the kernel applies it as it stores its tiles: no pass of its own
             ep, r_ref, raw = fused[0], fused[1] or tn, None
         nb = m // mbw
