@@ -236,7 +236,9 @@ def _tile(typingctx, ntap, x, xoff, toff, w, woff, b, bo, r, ro, ep, tile, y, yo
     for ``i < 6``, ``j < 16``, ``t < ntap`` in registers; then with ``direct`` stored transposed
     straight into the planar output, ``y[yo + j*ldc + i] = epilogue(acc[i, j])`` (a whole tile: 6
     pixels, 16 channels; the epilogue ``ep``: 2 adds ``r[ro + j*ldc + i]``, then 1 applies Relu),
-    else into ``tile[i*16 + j]`` as it is (for a partial tile, copied by the caller)."""
+    else into ``tile[i*16 + j]`` as it is (for a partial tile, copied by the caller). With
+    ``pf >= 0``, tap ``t`` also prefetches ``w[pf + t*32:]`` into L2 (``t*(8*16)/4`` in general: a
+    quarter of a weight block over ``ntap`` taps)."""
     return _tile_sig(x, toff, w, b, r, tile, y), _tile_codegen(MR, NV, VW)
 
 
