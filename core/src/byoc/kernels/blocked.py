@@ -196,17 +196,11 @@ def _tile_codegen(mr: int, nv: int, vw: int, split: int = 0):
                 for v in range(nv)]
         final = ir_accumulate(builder, nt_v, mr * nv, vty, body, [bias[j % nv] for j in range(mr * nv)])
         with builder.if_else(direct_v) as (then, otherwise):
-            with then:  # the epilogue ep: 2 adds the residual, 1 applies Relu (one store of each kind)
-                with builder.if_else(builder.icmp_signed("!=", builder.and_(ep_v, ir.Constant(i64, 2)),
-                                                         ir.Constant(i64, 0))) as (res, nores):
-                    for residual in (pr, None):
-                        with (res if residual is not None else nores):
-                            with builder.if_else(builder.icmp_signed("!=", builder.and_(ep_v, ir.Constant(i64, 1)),
-                                                                     ir.Constant(i64, 0))) as (relu, norelu):
-                                with relu:
-                                    ir_store_tile(builder, vty, final, mr, nv, py, ldc_v, residual, True)
-                                with norelu:
-                                    ir_store_tile(builder, vty, final, mr, nv, py, ldc_v, residual, False)
+            with then:  # the epilogue ep: 2 adds the residual, 1 applies Relu, selected per value in
+                # one store (a store per kind was four times the code to compile, for no speed)
+                res_on = builder.icmp_signed("!=", builder.and_(ep_v, ir.Constant(i64, 2)), ir.Constant(i64, 0))
+                relu_on = builder.icmp_signed("!=", builder.and_(ep_v, ir.Constant(i64, 1)), ir.Constant(i64, 0))
+                ir_store_tile(builder, vty, final, mr, nv, py, ldc_v, pr, relu_on, res_on)
             with otherwise:
                 for i in range(mr * nv):
                     dst = builder.gep(pt, [ir.Constant(i64, i * vw)])
@@ -449,6 +443,23 @@ def blocked_weights(wt: np.ndarray, mb: int = MB) -> np.ndarray:
         wt = padded
     shape, axes = blocked_weights_axes(m, cp, kh, kw, mb)
     return np.ascontiguousarray(wt.reshape(shape).transpose(axes), dtype=np.float32).reshape(-1)
+
+
+def host_conv(mb: int):
+    """The kernel of the form with ``mb`` channels per block, for callers in Python (the host):
+    the loops :func:`conv8` / :func:`conv16` wrap, called directly with their arguments. A wrapper
+    is the same loops optimised a second time on a fresh install's first run (about 1 s)."""
+    wide = mb == MB_WIDE
+    return lambda *args: _conv(*args, wide)
+
+
+def host_reorder(sh: int, sw: int):
+    """:func:`reorder8`'s loop for strides ``sh, sw`` with its arguments, for callers in Python
+    (as :func:`host_conv`: only the loop a model takes is compiled)."""
+    if sh == 1 and sw == 1:
+        return lambda x, xo, c, h, w, L, hq, wq, _sh, _sw, pt, pl, y, yo: _reorder_plane(x, xo, c, h, w, L, hq, wq, pt,
+                                                                                      pl, y, yo)
+    return _reorder_phases
 
 
 def kernel_for(mb: int):

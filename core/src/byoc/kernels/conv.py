@@ -1216,7 +1216,7 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None):
     hq, wq = g["hq"], g["wq"]
     m, oh, ow = out.shape[1], out.shape[3], out.shape[4]
     mbw = g["mb"]
-    kernel = blocked.kernel_for(mbw)
+    kernel, reorder8 = blocked.host_conv(mbw), blocked.host_reorder(sh, sw)  # the loops alone
     plane, cb, nbk = blocked.plane_length(hq, wq, kw, sh, sw), -(-c // blocked.CB), m // mbw
     x8 = threads.scratch("conv.x8", (cb * plane * blocked.CB,), np.float32)
     in_place = mbw == blocked.MB_WIDE and blocked.own_rows(ow, wq)
@@ -1247,8 +1247,8 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None):
 
         def reorder(i, xo=xo):
             b0, b1 = cblocks[i]
-            blocked.reorder8(xf, xo + b0 * blocked.CB * h * w, min(c, b1 * blocked.CB) - b0 * blocked.CB, h, w, plane,
-                             hq, wq, sh, sw, pt, pl, x8, b0 * plane * blocked.CB)
+            reorder8(xf, xo + b0 * blocked.CB * h * w, min(c, b1 * blocked.CB) - b0 * blocked.CB, h, w, plane, hq,
+                     wq, sh, sw, pt, pl, x8, b0 * plane * blocked.CB)
 
         def part(i, on=on, yo=yo, rn=rn):
             a, b = blocks[i]

@@ -430,13 +430,16 @@ def ir_vector_ops(builder, width: int):
     return vty, fma, splat
 
 
-def ir_transpose_store(builder, vty, rows, py, ldc, count: int, pr=None, relu: bool = False) -> None:
+def ir_transpose_store(builder, vty, rows, py, ldc, count: int, pr=None, relu=False, res_on=None) -> None:
     """Store the transpose of ``rows`` (up to 8 vectors of 8 floats: pixel ``i``'s 8 channels)
     as 8 channel runs of ``count`` pixels each: ``py[k*ldc + i] = rows[i][k]``, through the
     unpack / shuffle / 128-bit-lane steps of an 8x8 transpose (missing rows are undefined). The
     planar store of the tiles that hold pixels x channels (the narrow form below,
     :mod:`byoc.kernels.blocked`). An epilogue on the way: with ``pr`` (a residual laid out as the
-    output) ``+ pr[k*ldc + i]``, then with ``relu`` ``max(v, 0)`` (as byoc's Relu: NaN and -0.0 kept)."""
+    output) ``+ pr[k*ldc + i]``, then with ``relu`` ``max(v, 0)`` (as byoc's Relu: NaN and -0.0 kept).
+    ``relu`` and ``res_on`` may be run-time flags (``i1`` values) instead: one store for every
+    epilogue (``pr`` is then always read, so it must point at readable memory laid out as the
+    output, the output itself where there is no residual), the add or Relu selected per value."""
     i32, i64 = ir.IntType(32), ir.IntType(64)
     undef = ir.Constant(vty, ir.Undefined)
     r = list(rows) + [undef] * (8 - len(rows))
@@ -467,15 +470,27 @@ def ir_transpose_store(builder, vty, rows, py, ldc, count: int, pr=None, relu: b
                 at = [builder.mul(ir.Constant(i64, k), ldc), ir.Constant(i64, done)]
                 if pr is not None:
                     res = builder.load(builder.bitcast(builder.gep(builder.gep(pr, at[:1]), at[1:]), pty), align=4)
-                    piece = builder.fadd(piece, res)
-                if relu:
+                    added = builder.fadd(piece, res)
+                    piece = added if res_on is None else builder.select(res_on, added, piece)
+                if relu is not False:
                     zero = ir.Constant(piece.type, [0.0] * width)
-                    piece = builder.select(builder.fcmp_ordered("<", piece, zero), zero, piece)
+                    neg = builder.fcmp_ordered("<", piece, zero)
+                    if relu is not True:  # a run-time flag
+                        neg = builder.and_(neg, _splat_bool(builder, relu, width))
+                    piece = builder.select(neg, zero, piece)
                 builder.store(piece, builder.bitcast(builder.gep(dst, at[1:]), pty), align=4)
                 done += width
 
 
-def ir_store_tile(builder, vty, accs, mr: int, nv: int, py, ldc, pr=None, relu: bool = False) -> None:
+def _splat_bool(builder, flag, width: int):
+    """An ``i1`` value as a vector of ``width`` lanes."""
+    vec = ir.VectorType(ir.IntType(1), width)
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), flag, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
+                                  ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
+
+
+def ir_store_tile(builder, vty, accs, mr: int, nv: int, py, ldc, pr=None, relu=False, res_on=None) -> None:
     """Store a register tile of ``mr`` pixels x ``nv`` vectors of ``vty`` (``accs[i*nv + v]``:
     pixel ``i``'s channels ``[v*W, (v+1)*W)``) into planar output: channel ``j`` of pixel ``i``
     at ``py[j*ldc + i]``, through an 8x8 transpose (:func:`ir_transpose_store`, with its epilogue:
@@ -491,7 +506,7 @@ def ir_store_tile(builder, vty, accs, mr: int, nv: int, py, ldc, pr=None, relu: 
                         for i in range(r0, min(mr, r0 + 8))]
                 at = [builder.add(builder.mul(ir.Constant(i64, v * vw + 8 * h), ldc), ir.Constant(i64, r0))]
                 res = None if pr is None else builder.gep(pr, at)
-                ir_transpose_store(builder, vty8, rows, builder.gep(py, at), ldc, len(rows), res, relu)
+                ir_transpose_store(builder, vty8, rows, builder.gep(py, at), ldc, len(rows), res, relu, res_on)
 
 
 def ir_merge(builder, vty, a: list, from_a, b: list, from_b) -> list:

@@ -299,13 +299,22 @@ def _flat2d(x5: np.ndarray, out: np.ndarray, k3, s3, d3, g: dict, is_max: bool, 
     # ~64K window taps per chunk at least: a hand-off to the pool costs tens of microseconds
     blocks = split(planes, min(2 * threads.num_threads(), max(1, planes * oh * ow * kh * kw // (1 << 16))))
 
+    # the loop maxpool2d / avgpool2d would take, called directly (only it is compiled)
+    path = _path2d.py_func(h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow) if is_max else \
+        _path2d.py_func(h, w, kh, kw, sh, sw, 1, 1, pt, pl, oh, ow)
+    hp_end, wp_end = (h + 2, w + 2) if is_max else (pt + h + pb, pl + w + pr)
+
     def chunk(i):
         p0, p1 = blocks[i]
-        if is_max:
-            maxpool2d(xf, p0 * h * w, p1 - p0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, yf, p0 * oh * ow)
+        xo, c, yo = p0 * h * w, p1 - p0, p0 * oh * ow
+        if path == 0:
+            _pool_same3(xf, xo, c, h, w, is_max, hp_end, wp_end, include_pad and not is_max, yf, yo)
+        elif is_max:
+            (_maxpool2d_direct if path == 1 else _maxpool2d_rows)(xf, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl,
+                                                                  oh, ow, yf, yo)
         else:
-            avgpool2d(xf, p0 * h * w, p1 - p0, h, w, kh, kw, sh, sw, pt, pl, oh, ow, pt + h + pb, pl + w + pr,
-                      include_pad, yf, p0 * oh * ow)
+            (_avgpool2d_direct if path == 1 else _avgpool2d_rows)(xf, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow,
+                                                                  hp_end, wp_end, include_pad, yf, yo)
 
     threads.parallel_for(chunk, len(blocks))
 
@@ -576,12 +585,24 @@ def _sparse(w, ow, kw, span):
 
 
 @_jit
+def _path2d(h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow):
+    """Which loop runs a 2-D pooling: 0 the 3x3 same-size one, 1 the direct one (windows far
+    apart: :func:`_sparse`), 2 the row-buffer one. Compiled code asks it inside :func:`maxpool2d`
+    / :func:`avgpool2d`; the host asks its Python form and calls that loop alone, so a first run
+    compiles one loop, not three (ResNet-50's MaxPool: 2.6 s of compilation on a fresh install)."""
+    if dh == 1 and dw == 1 and _same3(h, w, kh, kw, sh, sw, pt, pl, oh, ow):
+        return 0
+    return 1 if _sparse(w, ow, kw, (ow - 1) * sw + (kw - 1) * dw + 1) else 2
+
+
+@_jit
 def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
     """Max pooling of ``c`` planes ``(h, w)`` at ``x[xo:]`` into ``y[yo:]`` (``(oh, ow)`` each):
     a NaN never replaces the running maximum and padding never wins."""
-    if dh == 1 and dw == 1 and _same3(h, w, kh, kw, sh, sw, pt, pl, oh, ow):
+    path = _path2d(h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow)
+    if path == 0:
         _pool_same3(x, xo, c, h, w, True, h + 2, w + 2, False, y, yo)
-    elif _sparse(w, ow, kw, (ow - 1) * sw + (kw - 1) * dw + 1):
+    elif path == 1:
         _maxpool2d_direct(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo)
     else:
         _maxpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo)
@@ -590,9 +611,10 @@ def maxpool2d(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y, yo):
 @_jit
 def avgpool2d(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo):
     """Average pooling (``include_pad``: padding cells up to ``hp_end x wp_end`` count)."""
-    if _same3(h, w, kh, kw, sh, sw, pt, pl, oh, ow):
+    path = _path2d(h, w, kh, kw, sh, sw, 1, 1, pt, pl, oh, ow)
+    if path == 0:
         _pool_same3(x, xo, c, h, w, False, hp_end, wp_end, include_pad, y, yo)
-    elif _sparse(w, ow, kw, (ow - 1) * sw + kw):
+    elif path == 1:
         _avgpool2d_direct(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo)
     else:
         _avgpool2d_rows(x, xo, c, h, w, kh, kw, sh, sw, pt, pl, oh, ow, hp_end, wp_end, include_pad, y, yo)
