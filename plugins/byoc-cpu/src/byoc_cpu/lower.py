@@ -484,12 +484,7 @@ class Lowering:
         if any(v.parent is res for v in self._all_vals()):
             return None
         p = self.infos[grp.anchor].params
-        if self.conv_strategy(p) != "blocked":
-            return None
-        geo = (p["c"], p["m"], p["group"], p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"])
-        mbw = blocked.preferred(*geo, p["oh"], p["ow"]) or blocked.block_for(p["m"])
-        wq = blocked.phase_extent(p["ow"], p["kw"], p["sw"])
-        return res if mbw == blocked.MB_WIDE and blocked.own_rows(p["ow"], wq) else None
+        return res if self.conv_strategy(p) == "blocked" and _blocked_form(p)[3] else None
 
     def _can_place(self, piece: Val, concat_index: int) -> bool:
         if piece.parent is not None or piece.producer is None or piece.is_output:
@@ -878,11 +873,8 @@ class Lowering:
         (a transpose; a stem's few weights are stored blocked, their channels zero-padded)."""
         c, h, w, m, kh, kw = p["c"], p["h"], p["w"], p["m"], p["kh"], p["kw"]
         pt, pl, oh, sh, sw = p["pt"], p["pl"], p["oh"], p["sh"], p["sw"]
-        # stride 1: the padded plane; strided: its stride-phase planes (blocked.reorder8)
-        hq, wq = blocked.phase_extent(oh, kh, sh), blocked.phase_extent(p["ow"], kw, sw)
+        mbw, hq, wq, in_place = _blocked_form(p)
         plane, cb = blocked.plane_length(hq, wq, kw, sh, sw), -(-c // blocked.CB)  # a stem: one zero-padded block
-        geo = (c, m, p["group"], kh, kw, sh, sw, p["dh"], p["dw"])
-        mbw = blocked.preferred(*geo, oh, p["ow"]) or blocked.block_for(m)  # forced: the form that applies
         kind = "conv16" if mbw == blocked.MB_WIDE else "conv8"
         if c % blocked.CB:  # a stem's few weights, stored blocked with their channels zero-padded
             wref = self.pack(blocked.blocked_weights(wt, mbw))
@@ -893,7 +885,7 @@ class Lowering:
         pre = [{"kind": "reorder8", "x": xn.at(b0 * blocked.CB * h * w), "y": x8.at(b0 * plane * blocked.CB),
                 "args": [min(c, b1 * blocked.CB) - b0 * blocked.CB, h, w, plane, hq, wq, sh, sw, pt, pl]}
                for b0, b1 in split(cb, nt, 1)]
-        if kind == "conv16" and blocked.own_rows(p["ow"], wq):  # the output's own rows
+        if in_place:  # the wide form on the output's own rows
             ldr, y_ref = p["ow"], tn
             raw = epilogue((tn, out_strides))
         else:  # rows of the planes' width, cropped by the epilogue
@@ -1219,6 +1211,17 @@ def _align(n: int) -> int:
 def _gemm(m, n, k, a: Ref, lda, b: Ref, ldb, c: Ref, ldc, beta=0.0, alpha=1.0, ta=False, tb=False):
     return {"kind": "gemm", "a": a, "b": b, "c": c, "args": [m, n, k, lda, ldb, ldc],
             "fargs": [float(alpha), float(beta)], "trans": [int(ta), int(tb)]}
+
+
+def _blocked_form(p: dict[str, Any]) -> tuple[int, int, int, bool]:
+    """``(mb, hq, wq, in_place)`` of a convolution the blocked kernel runs: its block of output
+    channels (the form), its (phase) planes' height and width (stride 1: the padded plane;
+    strided: its stride-phase planes, as :func:`byoc.kernels.blocked.reorder8` writes them), and
+    whether the wide form writes the output's own rows in place."""
+    geo = (p["c"], p["m"], p["group"], p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"])
+    mbw = blocked.preferred(*geo, p["oh"], p["ow"]) or blocked.block_for(p["m"])  # forced: the form that applies
+    hq, wq = blocked.phase_extent(p["oh"], p["kh"], p["sh"]), blocked.phase_extent(p["ow"], p["kw"], p["sw"])
+    return mbw, hq, wq, mbw == blocked.MB_WIDE and blocked.own_rows(p["ow"], wq)
 
 
 def _kernel_epilogue(raw: RawEw | None) -> tuple[int, Ref | None] | None:

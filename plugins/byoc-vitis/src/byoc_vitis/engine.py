@@ -88,14 +88,15 @@ def conv(x, w, b, m, s, stride, dilation, pads, group, out_shape, act, act_max):
     wmat = np.ascontiguousarray(w.reshape(o_, cg * kh_ * kw_))
     direct = kh_ == 1 and kw_ == 1 and tuple(stride) == (1, 1) and not any(pads)
     xf = np.ascontiguousarray(x).reshape(-1)
-    col = np.empty((cg * kh_ * kw_, oh_ * ow_), np.int8)
+    patches = None if direct else np.empty((cg * kh_ * kw_, oh_ * ow_), np.int8)  # reused per image and group
     for n in range(n_):
         for g in range(group):
             if direct:
                 col = np.ascontiguousarray(x[n, g * cg:(g + 1) * cg].reshape(cg, h_ * w_))
             else:  # the core's patch-matrix kernel (zero where the window leaves the input)
                 im2col(xf, (n * c_ + g * cg) * h_ * w_, cg, h_, w_, kh_, kw_, stride[0], stride[1], dilation[0],
-                       dilation[1], pads[0], pads[1], ow_, 0, oh_, col.reshape(-1), 0)
+                       dilation[1], pads[0], pads[1], ow_, 0, oh_, patches.reshape(-1), 0)
+                col = patches
             _gemm_requant(wmat[g * og:(g + 1) * og], col, b, m, s, act, act_max, y[n], g * og)
     return y.reshape(n_, o_, oh_, ow_)
 
