@@ -62,7 +62,9 @@ ALLOWED = {
     ("resize.py", "axis_taps"): "the tap table; checked at the top of axis_taps",
     ("tensor.py", "_longest_run"): "the length of one index map, checked by gather_nd",
     ("threads.py", "scratch"): "work buffers sized by kernels that checked their output",
-    ("threads.py", "__init__"): "the pool's shared words: 16 integers, once per pool",
+    ("threads.py", "__init__"): "the pool's shared words: 40 integers, once per pool",
+    ("blocked.py", "conv_job_block"): "a compiled job's argument block: 43 integers, once per layer and shape",
+    ("conv.py", "run"): "a blocked convolution's output in its steady state, the same shape the budget allowed before",
     ("blocked.py", "blocked_weights"): "a stem's weights with their channels padded to 8, once per weight tensor",
 }
 

@@ -208,3 +208,18 @@ def test_preferred_for_stems(monkeypatch, wide, c, k, want):
     monkeypatch.setattr(blocked, "_ENV", "")
     monkeypatch.setattr(blocked, "PAYS", True)
     assert blocked.preferred(c, 64, 1, k, k, 2, 2, 1, 1, 55, 55) == want
+
+
+def test_the_conv_jobs_block_is_filled_where_the_job_reads():
+    from byoc.kernels import blocked
+
+    block = blocked.conv_job_block({name: k + 100 for k, name in enumerate(blocked._JOB_INTS)})
+    arrays = {name: np.zeros(3 + k, np.float32) for k, name in enumerate(("x", "x8", "r", "y"))}
+    address = blocked.bind_job(block, arrays["x"], arrays["x8"], arrays["r"], arrays["y"])
+    assert address == block.ctypes.data
+    assert block[blocked.JOB_ARRAY["sync"]] == address + 8 * blocked.JOB_SYNC
+    assert block[blocked.JOB_ARRAY["sync"] + 1] == len(block) - blocked.JOB_SYNC
+    for name, arr in arrays.items():
+        assert block[blocked.JOB_ARRAY[name]] == arr.ctypes.data and block[blocked.JOB_ARRAY[name] + 1] == arr.size
+    assert [block[blocked.JOB_INT[name]] for name in blocked._JOB_INTS] == list(range(100, 100 + len(blocked._JOB_INTS)))
+    assert not block[blocked.JOB_SYNC:].any()

@@ -243,3 +243,91 @@ def test_fused_chains_property(case):
     compiled = byoc.compile(model, targets=[])
     assert _ops(compiled) == ["Conv"]
     assert_close([compiled.run(feeds)[last]], run_onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+# -------------------------------------------------------------------------------------------------
+# writing over a residual that dies at its Add
+
+
+def _over(compiled) -> list[bool]:
+    return [bool(getattr(s.run, "over", False)) for s in compiled._plan.steps]
+
+
+def test_a_residual_that_dies_at_its_add_is_written_over(monkeypatch):
+    # S (the shortcut conv's output) is read by the Add alone: conv_b writes Y over it
+    model, feeds = _bottleneck(np.random.default_rng(11))
+    fused, plain = _compile(model, True), _compile(model, False, monkeypatch)
+    assert _over(fused) == [False, False, True]
+    want = plain.run(feeds)["Y"]
+    for _ in range(3):  # the first run lays the job out, the later ones reuse it
+        np.testing.assert_array_equal(fused.run(feeds)["Y"], want)
+    assert_close([want], run_onnxruntime(model, feeds)[:1], rtol=1e-4, atol=1e-4)
+
+
+def _residual_read_by(op: str, rng):
+    """The bottleneck with S also read by ``op`` (a graph output T), before the Add in node order."""
+    model, feeds = _bottleneck(rng)
+    g = model.graph
+    node = helper.make_node(op, ["S"], ["T"], name="other")
+    nodes = list(g.node)
+    at = [n.name for n in nodes].index("conv_s") + 1
+    nodes.insert(at, node)
+    del g.node[:]
+    g.node.extend(nodes)
+    g.output.append(helper.make_tensor_value_info("T", TensorProto.FLOAT, None))
+    return model, feeds
+
+
+@pytest.mark.parametrize("case", ["graph_output", "read_by_sigmoid", "read_by_identity", "graph_input"])
+def test_a_residual_seen_elsewhere_is_not_written_over(case):
+    rng = np.random.default_rng(12)
+    if case == "graph_output":
+        model, feeds = _bottleneck(rng, extra_outputs=("S",))
+        names = ["Y", "S"]
+    elif case == "graph_input":  # the residual is a feed: the caller's array
+        model, feeds = _feed_residual(rng)
+        names = ["Y"]
+    else:
+        model, feeds = _residual_read_by("Sigmoid" if case == "read_by_sigmoid" else "Identity", rng)
+        names = ["Y", "T"]
+    copies = {k: v.copy() for k, v in feeds.items()}
+    compiled = byoc.compile(model, targets=[])
+    assert not any(_over(compiled))
+    want = run_onnxruntime(model, feeds)
+    for _ in range(2):
+        out = compiled.run(feeds)
+        for name, ref in zip(names, want):
+            assert_close([out[name]], [ref], rtol=1e-4, atol=1e-4)
+    for k, v in feeds.items():
+        np.testing.assert_array_equal(v, copies[k])  # the feeds are never written
+
+
+def _feed_residual(rng):
+    c, m, h = 16, 32, 10
+    inits = [_init("w", rng.standard_normal((m, c, 3, 3)) / np.sqrt(c * 9)), _init("b", rng.standard_normal(m))]
+    nodes = [_conv("conv", "X", "A", "w", "b", pads=[1, 1, 1, 1]), helper.make_node("Add", ["A", "R"], ["Y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, c, h, h]),
+                                           helper.make_tensor_value_info("R", TensorProto.FLOAT, [1, m, h, h])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    feeds = {"X": rng.standard_normal((1, c, h, h)).astype(np.float32),
+             "R": rng.standard_normal((1, m, h, h)).astype(np.float32)}
+    return model, feeds
+
+
+def test_a_residual_that_is_the_convs_own_input_is_not_written_over():
+    # Y = conv(A) + A with A a conv's output: A is the conv's input as well
+    rng = np.random.default_rng(13)
+    c = 32
+    inits = [_init(n, rng.standard_normal((c, c, k, k)) / np.sqrt(c * k * k)) for n, k in (("w1", 1), ("w2", 3))]
+    inits += [_init("b1", rng.standard_normal(c)), _init("b2", rng.standard_normal(c))]
+    nodes = [_conv("c1", "X", "A", "w1", "b1"), _conv("c2", "A", "B", "w2", "b2", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["B", "A"], ["Y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, c, 9, 9])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    feeds = {"X": rng.standard_normal((1, c, 9, 9)).astype(np.float32)}
+    compiled = byoc.compile(model, targets=[])
+    assert not any(_over(compiled))
+    for _ in range(2):
+        assert_close([compiled.run(feeds)["Y"]], run_onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)

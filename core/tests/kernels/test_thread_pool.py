@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from byoc.kernels import threads
+from byoc.kernels._spin import claim, finish, int64_at, wait_done
 
 
 @numba.njit(nogil=True, cache=True)
@@ -104,3 +105,81 @@ def test_spin_wait_sees_a_store_and_gives_up():
     word[0] = 5
     assert threads._spin_wait(word, 0, 0) is True
     assert threads._spin_wait(word, 0, 5, 8, 7) is False and word[8] == 7  # stores first
+
+
+# -------------------------------------------------------------------------------------------------
+# compiled jobs: a C function that the threads share through claims, run by helpers without the GIL
+
+
+def _counting_job(p):
+    """Argument block: claim counters' address, hits' address, chunks, work per chunk."""
+    a = numba.carray(p, 4)
+    sync, hits = numba.carray(int64_at(a[0]), 3), numba.carray(int64_at(a[1]), a[2])
+    while True:
+        i = claim(sync, 0)
+        if i >= a[2]:
+            break
+        s = 0.0
+        for k in range(a[3] * (i % 3 + 1)):  # uneven chunks
+            s += np.sqrt(k + 1.0)
+        hits[i] += 1 if s >= 0 else 2
+        finish(sync, 0)
+    wait_done(sync, 0, a[2])
+
+
+_JOB = []
+
+
+def _job_address() -> int:
+    if not _JOB:
+        _JOB.append(numba.cfunc(numba.types.void(numba.types.CPointer(numba.types.int64)))(_counting_job).address)
+    return _JOB[0]
+
+
+def _run_counting(pool, n: int, work: int) -> np.ndarray:
+    sync, hits = np.zeros(3, np.int64), np.zeros(n, np.int64)
+    block = np.array([sync.ctypes.data, hits.ctypes.data, n, work], np.int64)
+    pool.run_compiled(_job_address(), block.ctypes.data)
+    return hits
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 3000), st.floats(0, 0.002), st.booleans()),
+                min_size=1, max_size=12))
+def test_a_compiled_job_runs_each_chunk_once(jobs):
+    # compiled and Python jobs interleaved, with pauses past the helper's polling (it sleeps)
+    pool = _pool(1)
+    for n, work, pause, python_too in jobs:
+        assert _run_counting(pool, n, work).tolist() == [1] * n
+        if python_too:
+            hits = np.zeros(n, np.int64)
+            pool.run(lambda i, hits=hits: hits.__setitem__(i, hits[i] + 1), n)
+            assert hits.tolist() == [1] * n
+        time.sleep(pause)
+
+
+def test_a_compiled_job_in_a_busy_pool_runs_on_its_caller():
+    pool = _pool(1)
+    results = [None] * 4
+
+    def fn(i):  # a job posted from inside another job's chunk: the pool is taken
+        results[i] = _run_counting(pool, 5, 100)
+
+    pool.run(fn, 4)
+    assert all(r.tolist() == [1] * 5 for r in results)
+
+
+def test_a_helper_woken_early_polls_then_sleeps_again():
+    pool = _pool(2)
+    time.sleep(0.01)
+    for _ in range(20):
+        pool.wake()  # nothing posted: the helpers poll a while, then sleep
+        time.sleep(0.001)
+        assert _run_counting(pool, 8, 500).tolist() == [1] * 8
+
+
+def test_a_compiled_job_without_a_pool():
+    sync, hits = np.zeros(3, np.int64), np.zeros(6, np.int64)
+    block = np.array([sync.ctypes.data, hits.ctypes.data, 6, 10], np.int64)
+    threads.run_job(_job_address(), block)
+    assert hits.tolist() == [1] * 6

@@ -31,16 +31,24 @@ def _load_acquire(typingctx, arr, idx):
     return sig, codegen
 
 
-@intrinsic
-def _store_release(typingctx, arr, idx, value):
-    sig = types.void(arr, types.intp, types.int64)
+def _atomic_store(order: str):
+    """An intrinsic ``store(arr, idx, value)``: an atomic store with memory order ``order``."""
 
-    def codegen(context, builder, signature, args):
-        a = context.make_array(signature.args[0])(context, builder, args[0])
-        builder.store_atomic(args[2], builder.gep(a.data, [args[1]]), "release", 8)
-        return context.get_dummy_value()
+    @intrinsic
+    def store(typingctx, arr, idx, value):
+        sig = types.void(arr, types.intp, types.int64)
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            a = context.make_array(signature.args[0])(context, builder, args[0])
+            builder.store_atomic(args[2], builder.gep(a.data, [args[1]]), order, 8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return store
+
+
+_store_release = _atomic_store("release")
 
 
 @numba.njit(nogil=True, cache=True)
@@ -96,3 +104,117 @@ def wait_done(sync, unit, chunks):
     while _load_acquire(sync, 2 * unit + 1) < chunks:
         if _load_acquire(sync, abort) != 0:
             return
+
+
+# -------------------------------------------------------------------------------------------------
+# compiled jobs: work that a helper runs without ever taking the GIL (see
+# :meth:`byoc.kernels.threads._Pool.run_compiled`). A job is a C function ``void f(int64 *args)``
+# (a Numba ``cfunc``) and its argument block; the pool's word holds, besides the posted value
+# (twice the job's generation, plus one for a compiled job), the job's function and arguments,
+# the value of the job still open (0 once closed) and how many helpers are inside it.
+
+from byoc.kernels.threads import _ACTIVE as ACTIVE, _ARGS as ARGS, _DONE as DONE, _FN as FN  # noqa: E402
+from byoc.kernels.threads import _OPEN as OPEN, _POSTED as POSTED  # noqa: E402
+
+
+@intrinsic
+def _load_seq(typingctx, arr, idx):
+    sig = types.int64(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.load_atomic(builder.gep(a.data, [args[1]]), "seq_cst", 8)
+
+    return sig, codegen
+
+
+_store_seq = _atomic_store("seq_cst")
+
+
+@intrinsic
+def _call_job(typingctx, fn, block):
+    """Call the C function at address ``fn`` with the argument block at address ``block``."""
+    sig = types.void(types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        ptr = ir.IntType(64).as_pointer()
+        target = builder.inttoptr(args[0], ir.FunctionType(ir.VoidType(), [ptr]).as_pointer())
+        builder.call(target, [builder.inttoptr(args[1], ptr)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _pointer_to(dtype):
+    @intrinsic
+    def to_pointer(typingctx, address):
+        sig = types.CPointer(dtype)(types.int64)
+
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+        return sig, codegen
+
+    return to_pointer
+
+
+#: ``float32_at(address)`` / ``int64_at(address)``: typed pointers for ``numba.carray`` inside a job
+float32_at = _pointer_to(types.float32)
+int64_at = _pointer_to(types.int64)
+
+
+@numba.njit(nogil=True, cache=True)
+def serve(word, state, polls):
+    """A helper's wait for work outside the GIL: announce the Python job it finished last
+    (``state[1] >= 0``) in ``word[DONE]``, then poll ``word[POSTED]`` for a value other than the
+    one it handled last (``state[0]``). A compiled job runs here, and the poll goes on; returns
+    True for a Python job (the helper runs it with the GIL), False when ``polls`` polls found
+    nothing new (the helper sleeps)."""
+    if state[1] >= 0:
+        _store_release(word, DONE, state[1])
+        state[1] = -1
+    seen = state[0]
+    n = 0
+    while n < polls:
+        v = _load_acquire(word, POSTED)
+        if v == seen:
+            n += 1
+            continue
+        seen = v
+        state[0] = v
+        n = 0
+        if v % 2 == 0:
+            return True
+        # enter, then check that the job is still open: the poster closes it (OPEN = 0) before
+        # it waits for ACTIVE to drop to zero, so either it waits for this helper or the helper
+        # sees it closed and leaves (both sides sequentially consistent)
+        _fetch_add(word, ACTIVE, 1)
+        if _load_seq(word, OPEN) == v:
+            _call_job(word[FN], word[ARGS])
+        _fetch_add(word, ACTIVE, -1)
+    return False
+
+
+@numba.njit(cache=True)
+def post(word, value, fn, block):
+    """Post a compiled job (under the GIL: a helper deciding to sleep reads ``word`` under it too)."""
+    word[FN] = fn
+    word[ARGS] = block
+    _store_seq(word, OPEN, value)
+    _store_release(word, POSTED, value)
+
+
+@numba.njit(nogil=True, cache=True)
+def run_and_close(word, fn, block):
+    """The poster's share of its compiled job, then close it and wait for the helpers inside to
+    leave (the argument block and the buffers it names may then be reused)."""
+    _call_job(fn, block)
+    _store_seq(word, OPEN, 0)
+    while _load_acquire(word, ACTIVE) != 0:
+        pass
+
+
+@numba.njit(nogil=True, cache=True)
+def run_alone(fn, block):
+    """A compiled job on the calling thread alone (no pool, or the pool busy)."""
+    _call_job(fn, block)

@@ -46,6 +46,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from byoc.kernels.gemm import FULL_WIDTH, ir_accumulate, ir_store_tile, ir_vector_ops
+from byoc.kernels._spin import claim, finish, float32_at, int64_at, wait_done
 
 _U = np.uint64  # unsigned indices: no negative-index wraparound, so LLVM vectorises
 
@@ -460,6 +461,99 @@ def host_reorder(sh: int, sw: int):
         return lambda x, xo, c, h, w, L, hq, wq, _sh, _sw, pt, pl, y, yo: _reorder_plane(x, xo, c, h, w, L, hq, wq, pt,
                                                                                       pl, y, yo)
     return _reorder_phases
+
+
+# -------------------------------------------------------------------------------------------------
+# the host's blocked convolution as one compiled job (byoc.kernels.threads.run_job): the reorder
+# and the kernel's chunks, claimed by whichever threads run it, with no Python between them and no
+# GIL for a helper to take (each Python hand-off cost ResNet-50's host run 60-90 us, two per layer)
+
+#: the job's argument block: the arrays (address, size) it reads and writes, then its integers
+_JOB_ARRAYS = ("sync", "x", "x8", "wb", "b", "r", "y")
+_JOB_INTS = ("xo", "c", "h", "w", "L", "hq", "wq", "sh", "sw", "pt", "pl", "cb", "kh", "kw", "m", "ldc", "ow",
+             "ep", "yo", "oh", "nbk", "reorder_chunks", "chunks", "by_rows")
+_I = 2 * len(_JOB_ARRAYS)
+
+
+def _conv_job(p):  # compiled as a cfunc by conv_job()
+    a = numba.carray(p, _I + len(_JOB_INTS))
+    sync = numba.carray(int64_at(a[0]), a[1])
+    x, x8 = numba.carray(float32_at(a[2]), a[3]), numba.carray(float32_at(a[4]), a[5])
+    wb, b = numba.carray(float32_at(a[6]), a[7]), numba.carray(float32_at(a[8]), a[9])
+    r, y = numba.carray(float32_at(a[10]), a[11]), numba.carray(float32_at(a[12]), a[13])
+    xo, c, h, w, L, hq, wq, sh, sw, pt, pl, cb = a[_I:_I + 12]
+    kh, kw, m, ldc, ow, ep, yo, oh, nbk, nre, nk, by_rows = a[_I + 12:_I + 24]
+    per = (cb + nre - 1) // nre  # channel blocks of 8 per reorder chunk
+    while True:
+        i = claim(sync, 0)
+        if i >= nre:
+            break
+        b0, b1 = i * per, min(cb, (i + 1) * per)
+        if b0 < b1:
+            reorder8(x, xo + b0 * CB * h * w, min(c, b1 * CB) - b0 * CB, h, w, L, hq, wq, sh, sw, pt, pl, x8,
+                     b0 * L * CB)
+        finish(sync, 0)
+    wait_done(sync, 0, nre)
+    total = oh if by_rows else nbk
+    per = (total + nk - 1) // nk  # output rows, or blocks of output channels, per kernel chunk
+    while True:
+        i = claim(sync, 1)
+        if i >= nk:
+            break
+        s0, s1 = i * per, min(total, (i + 1) * per)
+        if s0 < s1 and by_rows:
+            _conv(x8, 0, wb, b, 0, r, yo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, 0, nbk, s0, s1, ow, ep, y, yo, True)
+        elif s0 < s1:
+            _conv(x8, 0, wb, b, 0, r, yo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, s0, s1, 0, oh, ow, ep, y, yo, True)
+        finish(sync, 1)
+    wait_done(sync, 1, nk)
+
+
+_conv_job_compiled = None
+
+
+def conv_job() -> int:
+    """The wide kernel writing its output in place (:func:`own_rows`), with its input's reorder,
+    for one image as a compiled job: the address of a ``cfunc`` compiled on first use, for
+    :func:`byoc.kernels.threads.run_job` (its argument block: :func:`conv_job_block`)."""
+    global _conv_job_compiled
+    if _conv_job_compiled is None:
+        _conv_job_compiled = numba.cfunc(types.void(types.CPointer(types.int64)), cache=True)(_conv_job).address
+    return _conv_job_compiled
+
+
+#: where :func:`conv_job`'s argument block holds each array's address (its size next to it), each
+#: integer, and the job's claim counters (zeros in a fresh block; :func:`conv_job_block`)
+JOB_ARRAY = {name: 2 * k for k, name in enumerate(_JOB_ARRAYS)}
+JOB_INT = {name: _I + k for k, name in enumerate(_JOB_INTS)}
+JOB_SYNC = _I + len(_JOB_INTS)
+
+
+def conv_job_block(ints: dict) -> np.ndarray:
+    """A template of :func:`conv_job`'s argument block: its integers from ``ints`` (the kernel's
+    own arguments; ``reorder_chunks`` and ``chunks`` pieces of the reorder and of the kernel, the
+    kernel's by output rows where ``by_rows``, else by blocks of output channels) and room for
+    its claim counters at :data:`JOB_SYNC` (two per work unit and an abort flag). The caller
+    fills in, per call, the arrays' addresses and sizes (:data:`JOB_ARRAY`: ``x`` the planar
+    input, ``x8`` the reorder's buffer, ``wb`` the blocked weights, ``b`` the bias, ``r`` the
+    residual, ``y`` the output, all flat contiguous float32 kept alive until the job returns)
+    and ``sync``, the counters' own address in the copy it runs."""
+    block = np.zeros(JOB_SYNC + 5, np.int64)
+    block[_I:JOB_SYNC] = [int(ints[name]) for name in _JOB_INTS]
+    block[JOB_ARRAY["sync"] + 1] = 5
+    return block
+
+
+@numba.njit(cache=True, nogil=True)
+def bind_job(block, x, x8, r, y):
+    """Fill in :func:`conv_job_block`'s copy ``block`` with the call's arrays (and its claim
+    counters' address; the indices: :data:`JOB_ARRAY`); returns the block's address."""
+    at = block.ctypes.data
+    block[0], block[2], block[3] = at + 8 * JOB_SYNC, x.ctypes.data, x.size
+    block[4], block[5], block[10], block[11], block[12], block[13] = x8.ctypes.data, x8.size, r.ctypes.data, r.size, \
+        y.ctypes.data, y.size
+    return at
+
 
 
 def kernel_for(mb: int):

@@ -838,8 +838,24 @@ def make_conv(spec: NodeSpec):
         return (x.dtype == np.float32 and g["how"] == "blocked" and g["mb"] == blocked.MB_WIDE
                 and blocked.own_rows(g["out_sp"][-1], g["wq"]))
 
-    def run(x, w, b=None, epi=None):
-        # epi: (a residual of Y's shape or None, relu), only where fuses(x, w) (fused_conv asks)
+    jobs: dict = {}  # (X's shape, epilogue) -> _BlockedJob, for the constant weights and bias
+
+    def fast(x, w, b, res, relu, into=None):
+        """The step as a job made before for this shape and epilogue, or None: a shape run
+        before, its checks and geometry done (the steady state of a model: little Python)."""
+        if w is w_const and b is b_const and type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous:
+            job = jobs.get((x.shape, (0 if res is None else 2) + relu))
+            if job is not None:
+                return job.run(x, res, relu, into)
+        return None
+
+    def run(x, w, b=None, epi=None, into=None):
+        # epi: (a residual of Y's shape or None, relu), only where fuses(x, w) (fused_conv asks);
+        # into: that residual, to be written over (fused_conv's over)
+        res, relu = epi if epi is not None else (None, False)
+        done = fast(x, w, b, res, relu, into)
+        if done is not None:
+            return done
         _float_input(spec, x, "X")
         dt = compute_dtype(x.dtype)
         g = geometry_of(x, w)
@@ -852,7 +868,7 @@ def make_conv(spec: NodeSpec):
         nb = x.shape[0]
         m = w.shape[0]
         od, oh, ow = pad3(g["out_sp"], 1)
-        out = spec.alloc.empty((nb, m, od, oh, ow), dt)
+        out = spec.alloc.empty((nb, m, od, oh, ow), dt) if into is None else into.reshape(nb, m, od, oh, ow)
         has_bias = b is not None
         if has_bias:
             if b.shape != (m,):
@@ -891,7 +907,12 @@ def make_conv(spec: NodeSpec):
         elif how == "shift":
             _shift(x5, pw, g, bias, out)
         elif how == "blocked":
-            _blocked_conv(x5, pw, g, bias, out, epi)
+            job = _blocked_conv(x5, pw, g, bias, out, epi)
+            if (job is not None and w is w_const and b is b_const and x.dtype == np.float32
+                    and x.flags.c_contiguous):
+                if len(jobs) >= 8:  # a model of many input shapes: keep the latest few
+                    jobs.clear()
+                jobs[(x.shape, job.ep)] = job
         elif how == "winograd":
             _winograd(x5, pw, g, bias, out)
         elif how == "phase_shift":
@@ -909,26 +930,36 @@ def make_conv(spec: NodeSpec):
         return (y,)
 
     run.fuses = fuses
+    run.fast = fast
     run.out_shape = lambda x, w: (x.shape[0], w.shape[0], *geometry_of(x, w)["out_sp"])
     return run
 
 
-def fused_conv(conv_run, add_run=None, relu_run=None):
+def fused_conv(conv_run, add_run=None, relu_run=None, over=False):
     """A Conv's run function followed by an Add/Sum of a second tensor (``add_run``, that node's
     own kernel) and/or a Relu (``relu_run``): ``run(x, w, b=None, res=None)``.
 
     Where the convolution takes an epilogue (``conv_run.fuses``: the blocked kernel's wide form)
     and the residual is float32 of the output's shape (or there is none), the kernel applies them
     as it stores its tiles; otherwise the nodes' own kernels run after it. The result is the same
-    either way (the same float32 operations in the same order)."""
-    fuses = getattr(conv_run, "fuses", None)
+    either way (the same float32 operations in the same order). ``over``: the caller gives the
+    residual up (nothing else sees it, it dies here; the plan decides): the kernel then writes
+    the output over it (each value read before it is written: no second stream of the output's
+    size through the caches)."""
+    fuses, fast = getattr(conv_run, "fuses", None), getattr(conv_run, "fast", None)
     relu = relu_run is not None
 
     def run(x, w, b=None, res=None):
+        if fast is not None and (res is None) == (add_run is None):
+            done = fast(x, w, b, res, relu, res if over and res is not x and _writable(res) else None)
+            if done is not None:
+                return done
         if fuses is not None and isinstance(x, np.ndarray) and isinstance(w, np.ndarray) and fuses(x, w):
             if add_run is None:
                 return conv_run(x, w, b, epi=(None, relu))
             if isinstance(res, np.ndarray) and res.dtype == np.float32 and res.shape == conv_run.out_shape(x, w):
+                if over and res is not x and _writable(res):
+                    return conv_run(x, w, b, epi=(res, relu), into=res)
                 return conv_run(x, w, b, epi=(res, relu))
         (y,) = conv_run(x, w, b)
         if add_run is not None:
@@ -937,7 +968,12 @@ def fused_conv(conv_run, add_run=None, relu_run=None):
             (y,) = relu_run(y)
         return (y,)
 
+    run.over = over
     return run
+
+
+def _writable(a) -> bool:
+    return type(a) is np.ndarray and a.flags.c_contiguous and a.flags.writeable
 
 
 def _bias_slice(bias, gi, mg):
@@ -1200,14 +1236,74 @@ def _phase_shift(x5, pw: _ConvWeights, g, bias, out):
                 threads.gemm_for(row_chunk, len(mblocks))
 
 
-def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None):
+class _BlockedJob:
+    """The wide blocked kernel writing its output in place (:func:`blocked.own_rows`) for one
+    input shape, epilogue, weights and bias, image by image as a compiled job
+    (:func:`blocked.conv_job`): the input's reorder and the kernel's chunks claimed by the
+    threads, with no Python and no GIL hand-off between them, in chunks finer than the pool's (a
+    helper that joins late takes what is left). Its argument block is laid out once; a call
+    fills in the arrays. A model step's Python runs between kernels that evict it from the
+    caches: ResNet-50's took ~140 us a layer in-model against ~50 us warm (docs/speed.md, round
+    fourteen), so the steady state is as little Python as this."""
+
+    __slots__ = ("template", "x8_size", "keep", "images", "x_image", "y_image", "out_shape", "ep")
+
+    def __init__(self, x_shape, out_shape, g, wb: np.ndarray, bias: np.ndarray, ep: int):
+        nb, c, _, h, w = x_shape
+        m, oh, ow = out_shape[1], out_shape[3], out_shape[4]
+        _, kh, kw = g["k"]
+        _, sh, sw = g["s"]
+        _, pt, pl = g["pb"]
+        hq, wq = g["hq"], g["wq"]
+        plane, cb, nbk = blocked.plane_length(hq, wq, kw, sh, sw), -(-c // blocked.CB), m // g["mb"]
+        nt = threads.num_threads()
+        wide = nt > 1 and oh * wq >= 256 * nt  # by output rows, else by blocks of output channels
+        self.template = blocked.conv_job_block(dict(
+            xo=0, c=c, h=h, w=w, L=plane, hq=hq, wq=wq, sh=sh, sw=sw, pt=pt, pl=pl, cb=cb, kh=kh, kw=kw, m=m,
+            ldc=oh * ow, ow=ow, ep=ep, yo=0, oh=oh, nbk=nbk, reorder_chunks=min(cb, 4 * nt),
+            chunks=min(oh, 4 * nt) if wide else min(nbk, 4 * nt), by_rows=int(wide)))
+        for name, arr in (("wb", wb), ("b", bias)):
+            self.template[blocked.JOB_ARRAY[name]:blocked.JOB_ARRAY[name] + 2] = arr.ctypes.data, arr.size
+        self.keep = (wb, bias)  # alive while the template holds their addresses
+        self.x8_size = cb * plane * blocked.CB
+        self.images, self.x_image, self.y_image = nb, c * h * w, m * oh * ow
+        self.out_shape = (nb, m, oh, ow)
+        self.ep = ep
+
+    def __call__(self, xf: np.ndarray, rf: np.ndarray, yf: np.ndarray) -> None:
+        """The input, residual (the output where there is none) and output, flat and contiguous."""
+        x8 = threads.scratch("conv.x8", (self.x8_size,), np.float32)
+        block = self.template.copy()  # one per call: a plan may run on several threads at once
+        address = blocked.bind_job(block, xf, x8, rf, yf)
+        job = blocked.conv_job()
+        for n in range(self.images):
+            if n:
+                block[blocked.JOB_INT["xo"]], block[blocked.JOB_INT["yo"]] = n * self.x_image, n * self.y_image
+                block[blocked.JOB_SYNC:] = 0
+            threads.run_job(job, block, address)
+
+    def run(self, x: np.ndarray, res, relu: bool, into) -> tuple | None:
+        """The step for ``x`` (float32, contiguous, the shape this job was made for), with the
+        residual ``res`` (or None) and Relu this job's epilogue applies, written ``into`` the
+        residual where given; None where the residual does not fit (the caller's full path then
+        decides)."""
+        if res is not None and not (type(res) is np.ndarray and res.dtype == np.float32 and res.shape == self.out_shape):
+            return None
+        out = np.empty(self.out_shape, np.float32) if into is None else into  # the size was checked before
+        yf = out.reshape(-1)
+        self(x.reshape(-1), yf if res is None else np.ascontiguousarray(res).reshape(-1), yf)
+        return (out,)
+
+
+def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None) -> _BlockedJob | None:
     """A 2-D convolution by the channel-blocked direct kernel, image by image: the input
     reordered into blocks of 8 channels (their stride phases for a strided one; in parallel by
     blocks), then blocks of output rows (wide outputs) or of ``g["mb"]`` output channels, the
     kernel adding the bias. The wide form writes the output's rows in place (where
     :func:`blocked.own_rows`), applying the epilogue ``epi`` (residual or None, relu) as it
-    stores; else the kernel writes a planar accumulator of the (phase) planes' width, cropped
-    into ``out`` (as the shift strategy's)."""
+    stores, as a :class:`_BlockedJob` (returned for the caller to keep); else the kernel writes
+    a planar accumulator of the (phase) planes' width, cropped into ``out`` (as the shift
+    strategy's)."""
     nb, c = x5.shape[:2]
     h, w = x5.shape[3:]
     _, kh, kw = g["k"]
@@ -1216,53 +1312,47 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None):
     hq, wq = g["hq"], g["wq"]
     m, oh, ow = out.shape[1], out.shape[3], out.shape[4]
     mbw = g["mb"]
+    xf, wb = x5.reshape(-1), pw.blocked(mbw)
+    if mbw == blocked.MB_WIDE and blocked.own_rows(ow, wq):  # output pixel (i, j) at i * ow + j of each channel
+        yf = out.reshape(-1)
+        res, relu = epi if epi is not None else (None, False)
+        job = _BlockedJob(x5.shape, out.shape, g, wb, bias, (0 if res is None else 2) + int(relu))
+        job(xf, yf if res is None else np.ascontiguousarray(res).reshape(-1), yf)
+        return job
+    if epi is not None:  # fused_conv asks fuses() first: only the in-place form takes one
+        raise KernelError("internal: an epilogue for a blocked convolution that crops its output")
     kernel, reorder8 = blocked.host_conv(mbw), blocked.host_reorder(sh, sw)  # the loops alone
     plane, cb, nbk = blocked.plane_length(hq, wq, kw, sh, sw), -(-c // blocked.CB), m // mbw
     x8 = threads.scratch("conv.x8", (cb * plane * blocked.CB,), np.float32)
-    in_place = mbw == blocked.MB_WIDE and blocked.own_rows(ow, wq)
-    if in_place:  # output pixel (i, j) at i * ow + j of each channel: the output itself
-        ldr, ldc, yf = ow, oh * ow, out.reshape(-1)
-        res, relu = epi if epi is not None else (None, False)
-        ep = (0 if res is None else 2) + int(relu)
-        # the residual argument always read-only (the output itself where there is none): one
-        # Numba specialisation of the kernel, not two (each ~3 s to compile on a fresh install)
-        rf = read_only_view(yf if res is None else np.ascontiguousarray(res).reshape(-1))
-    else:
-        if epi is not None:  # fused_conv asks fuses() first: only the in-place form takes one
-            raise KernelError("internal: an epilogue for a blocked convolution that crops its output")
-        ep = 0
-        acc = threads.scratch("conv.acc", (m, hq * wq), np.float32)
-        ldr, ldc, yf = wq, hq * wq, acc.reshape(-1)
-        zero = threads.scratch("conv.zero", (m,), np.float32)  # the crop's bias: the kernel added it
-        zero.fill(0.0)
-    xf, wb = x5.reshape(-1), pw.blocked(mbw)
+    acc = threads.scratch("conv.acc", (m, hq * wq), np.float32)
+    ldc, yf = hq * wq, acc.reshape(-1)
+    rf = read_only_view(yf)  # the residual argument (unread: no epilogue)
+    zero = threads.scratch("conv.zero", (m,), np.float32)  # the crop's bias: the kernel added it
+    zero.fill(0.0)
     nt = threads.num_threads()
     cblocks = split(cb, nt)
     wide = nt > 1 and oh * wq >= 256 * nt
     blocks = split(oh, 2 * nt) if wide else split(nbk, nt)
     for n in range(nb):
         xo, on = n * c * h * w, out[n:n + 1]
-        yo = n * m * oh * ow if in_place else 0
-        rn = rf if in_place else read_only_view(yf)  # the residual (read where ep has a 2), laid out as the output
 
         def reorder(i, xo=xo):
             b0, b1 = cblocks[i]
             reorder8(xf, xo + b0 * blocked.CB * h * w, min(c, b1 * blocked.CB) - b0 * blocked.CB, h, w, plane, hq,
                      wq, sh, sw, pt, pl, x8, b0 * plane * blocked.CB)
 
-        def part(i, on=on, yo=yo, rn=rn):
+        def part(i, on=on):
             a, b = blocks[i]
             if wide:  # output rows [a, b), every channel block
-                kernel(x8, 0, wb, bias, 0, rn, yo, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, 0, nbk, a, b, ldr, ep, yf, yo)
-                if not in_place:
-                    _crop_rows(acc, hq, wq, oh, ow, zero, 0, a, b, on)
+                kernel(x8, 0, wb, bias, 0, rf, 0, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, 0, nbk, a, b, wq, 0, yf, 0)
+                _crop_rows(acc, hq, wq, oh, ow, zero, 0, a, b, on)
             else:  # channel blocks [a, b), every row
-                kernel(x8, 0, wb, bias, 0, rn, yo, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, a, b, 0, oh, ldr, ep, yf, yo)
-                if not in_place:
-                    _crop_planes(acc, hq, wq, oh, ow, zero, 0, a * mbw, b * mbw, on)
+                kernel(x8, 0, wb, bias, 0, rf, 0, cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, a, b, 0, oh, wq, 0, yf, 0)
+                _crop_planes(acc, hq, wq, oh, ow, zero, 0, a * mbw, b * mbw, on)
 
         threads.parallel_for(reorder, len(cblocks))
         threads.parallel_for(part, len(blocks))
+    return None
 
 
 def _shift(x5, pw: _ConvWeights, g, bias, out):

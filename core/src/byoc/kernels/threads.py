@@ -26,7 +26,14 @@ two). BLAS calls (ctypes and numpy) and ``nogil`` Numba kernels release the GIL 
 chunk. Handing a chunk over costs the helper's wake-up and a GIL hand-off; helpers therefore
 poll for the next job outside the GIL for ~200 us before they sleep, and announce a job's last
 chunk from there (see "waiting without the GIL" below): 27-30 us a hand-off instead of 88 on the
-2-core machine. Kernels elsewhere that use ``prange`` still get their OpenMP pool, made passive
+2-core machine. A kernel whose chunks are all compiled code posts a *compiled job* instead
+(:func:`run_job`: a C function and its argument block, the threads sharing its chunks through
+atomic claims): a polling helper runs it from its poll loop without ever taking the GIL, so a
+hand-off costs nothing measurable, and the work can be cut finer than Python chunks allow (the
+host's blocked convolutions: ResNet-50's host run on an Intel Xeon, 2 threads, 62 -> 50 ms,
+docs/speed.md round fourteen). A model run calls :func:`wake` first, so that helpers asleep
+since the last run poll again by its first kernel. Kernels elsewhere that use ``prange`` still
+get their OpenMP pool, made passive
 (``OMP_WAIT_POLICY=PASSIVE``) so it sleeps as soon as a region ends and never spins while the
 pool works. What a runtime needs to do: nothing beyond importing the kernels (the policy is
 applied then); :func:`blas_info` says what is in force.
@@ -54,6 +61,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import itertools
+import math
 import os
 import threading
 from typing import Any
@@ -61,7 +69,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["blas_gemms", "blas_info", "configure", "gemm_for", "gemm_split", "num_threads", "openblas",
-           "openblas_symbol", "parallel_for", "run_spmd", "scratch", "set_blas_threads"]
+           "openblas_symbol", "parallel_for", "run_job", "run_spmd", "wake", "scratch", "set_blas_threads"]
 
 _lock = threading.RLock()
 _configured = False
@@ -263,13 +271,32 @@ class _Job:
                     self.finished.set()
 
 
-# the pool's shared words: the job generation (a new job was posted) and the last finished one,
-# a cache line apart
-_POSTED, _DONE = 0, 8
+# the pool's shared words (int64), a cache line apart: the posted value (twice the generation of the
+# last job posted, plus one for a compiled job), the last Python job a helper finished, a compiled
+# job's function and argument block, the value of the compiled job still open (0 once closed) and
+# how many helpers are inside it (byoc.kernels._spin.serve)
+_POSTED, _DONE, _FN, _ARGS, _OPEN, _ACTIVE = 0, 8, 16, 17, 24, 32
+_WORDS = 40
+_serve = _post = _run_and_close = _run_alone = None  # compiled on first use (byoc.kernels._spin)
+
+
+def _compiled():
+    global _serve, _post, _run_and_close, _run_alone
+    if _serve is None:
+        with _lock:
+            if _serve is None:
+                from byoc.kernels import _spin
+                _post, _run_and_close, _run_alone = _spin.post, _spin.run_and_close, _spin.run_alone
+                _serve = _spin.serve
 
 
 class _Pool:
-    """The calling thread plus ``workers`` helper threads; one job at a time."""
+    """The calling thread plus ``workers`` helper threads; one job at a time.
+
+    A job is either Python (:meth:`run`: chunks of a Python function, which a helper runs with
+    the GIL) or compiled (:meth:`run_compiled`: a C function that shares its work among the
+    threads that call it, which a helper runs from its nogil poll loop without ever taking the
+    GIL: no wake-up and no GIL hand-off per job while the helper polls)."""
 
     def __init__(self, workers: int):
         self.size = workers + 1
@@ -277,28 +304,62 @@ class _Pool:
         self._cv = threading.Condition()
         self._job: _Job | None = None
         self._generation = 0
-        self._word = np.zeros(16, np.int64)
+        self._sleepers = 0
+        self._wakes = 0  # wake() calls: a sleeping helper goes back to polling
+        self._word = np.zeros(_WORDS, np.int64)
         for i in range(workers):
             threading.Thread(target=self._loop, name=f"byoc-worker-{i}", daemon=True).start()
 
     def _loop(self) -> None:
-        seen = 0
-        finished = -1  # the job this thread finished last, not yet announced in the word
+        with self._cv:  # no polling before the first job: an idle process compiles and polls nothing
+            self._sleepers += 1
+            while self._generation == 0:
+                self._cv.wait()
+            self._sleepers -= 1
+        _compiled()
+        # the posted value this helper handled last, the Python job it finished last (announced
+        # in the word from the poll loop: the caller, polling too, then takes the GIL without
+        # waiting for this thread to drop it)
+        state = np.array([0, -1], np.int64)
         while True:
-            # announce a finished job and poll for the next one outside the GIL (the caller,
-            # polling too, then takes the GIL without waiting for this thread to drop it), then
-            # sleep until notified
-            # (not before the first job: an idle process compiles and polls nothing)
-            if seen == 0 or not _spin_wait(self._word, _POSTED, seen, _DONE if finished >= 0 else -1, finished):
+            if _serve(self._word, state, SPIN_POLLS):  # a Python job was posted
                 with self._cv:
-                    while self._generation == seen:
-                        self._cv.wait()
-            finished = -1
+                    job = self._job
+                if job is not None and 2 * job.generation == state[0] and job.work():
+                    state[1] = job.generation
+                continue
+            with self._cv:  # nothing new for a while: sleep until a job is posted (or wake())
+                self._sleepers += 1
+                wakes = self._wakes
+                while int(self._word[_POSTED]) == int(state[0]) and self._wakes == wakes:
+                    self._cv.wait()
+                self._sleepers -= 1
+
+    def wake(self) -> None:
+        """Send sleeping helpers back to polling: work is coming (a wake-up takes 50-300 us on
+        the development machines, more than a small job)."""
+        if self._sleepers:
             with self._cv:
-                seen = self._generation
-                job = self._job
-            if job is not None and job.work():
-                finished = job.generation
+                self._wakes += 1
+                self._cv.notify_all()
+
+    def run_compiled(self, fn: int, address: int) -> None:
+        """Run the compiled job ``fn`` (the address of a ``void f(int64 *)``) with the argument
+        block at ``address`` on the calling thread and every helper that polls."""
+        _compiled()
+        if self.size == 1 or not self._busy.acquire(blocking=False):
+            _run_alone(fn, address)
+            return
+        try:
+            self._generation += 1
+            self._job = None
+            _post(self._word, 2 * self._generation + 1, fn, address)
+            if self._sleepers:
+                with self._cv:
+                    self._cv.notify_all()
+            _run_and_close(self._word, fn, address)
+        finally:
+            self._busy.release()
 
     def run(self, fn, n: int) -> None:
         # a job already running (another thread's kernel): this one runs on its caller alone
@@ -314,8 +375,9 @@ class _Pool:
                 self._generation += 1
                 job = _Job(fn, n, self._generation)
                 self._job = job
-                self._word[_POSTED] = self._generation
-                self._cv.notify_all()
+                self._word[_POSTED] = 2 * self._generation
+                if self._sleepers:
+                    self._cv.notify_all()
             job.work()
             if not job.finished.is_set():
                 # a helper thread runs the last chunk: poll for its announcement, then sleep
@@ -348,7 +410,7 @@ def scratch(name: str, shape, dtype) -> np.ndarray:
     buffers alive at the same time.
     """
     dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    n = math.prod(int(d) for d in shape) * dtype.itemsize
     if n > _SCRATCH_MAX_BYTES:
         return np.empty(shape, dtype=dtype)
     bufs = getattr(_tls, "bufs", None)
@@ -401,6 +463,31 @@ def parallel_for(fn, n: int) -> None:
             fn(i)
     else:
         _pool.run(fn, n)
+
+
+def wake() -> None:
+    """Tell the pool that kernels are about to run (a model run starts): helpers that sleep go
+    back to polling, so that the first job finds them ready. Cheap when none sleeps."""
+    if _pool is not None:
+        _pool.wake()
+
+
+def run_job(job, block: np.ndarray, address: int | None = None) -> None:
+    """Run a compiled job: ``job`` is a Numba ``cfunc`` of signature ``void(int64 *)`` (or its
+    address) that shares its work among the threads calling it, as :func:`run_spmd`'s functions
+    do (claims on work units, :func:`byoc.kernels._spin.claim`), and ``block`` its int64 argument
+    block (addresses of the arrays it reads and writes, and its integers; kept alive by the
+    caller for the call), at ``address`` where the caller knows it. The calling thread and every
+    helper still polling for work run it; no helper needs the GIL for it. The job must not raise
+    (a ``cfunc`` cannot)."""
+    configure()
+    fn = job if isinstance(job, int) else int(job.address)
+    address = block.ctypes.data if address is None else address
+    if _pool is None:
+        _compiled()
+        _run_alone(fn, address)
+    else:
+        _pool.run_compiled(fn, address)
 
 
 def run_spmd(fn, sync: np.ndarray, args: tuple = ()) -> None:

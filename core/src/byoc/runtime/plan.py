@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.errors import ByocError, InputError, KernelError, ResourceLimitError
+from byoc.kernels import threads as _threads
 from byoc.kernels.registry import NodeSpec, RunFn, make_kernel
 from byoc.progress import ticker as progress_ticker
 from byoc.runtime import control as _control
@@ -156,6 +157,7 @@ class Plan:
         step = None
         ctrl = _control.current()
         tick = progress_ticker(self)  # set only while a front end shows a first run
+        _threads.wake()  # helpers that sleep since the last run: back to polling for its first kernel
         try:
             for step in self.steps:
                 if ctrl is not None:
@@ -304,17 +306,23 @@ def build_plan(
             releases.setdefault(idx, []).append(slot)
 
     steps = []
+    host_convs: set[int] = set()  # host Conv nodes so far, and the last node of each one's chain
     for idx, node in enumerate(nodes):
         opset = opset_of(graph, node.domain or "")
         spec = node_spec(node, opset, budget)
         spec.captured = node_captures[idx]
         spec.step_factory = step_factory
         run = step_factory(node, spec) if step_factory is not None else None
+        host = run is None
         if run is None:
             run = host_step(spec)
         chain = chains.get(id(node))
         if chain is not None:
-            run = _fused_step(run, chain, graph, budget)
+            res = _residual(chain)
+            over = res is not None and _overwritable(chain, host_convs, slot_of(res) in releases.get(idx, ()))
+            run = _fused_step(run, chain, graph, budget, over)
+        if host and _standard(node, ("Conv",)):
+            host_convs.update((id(node), id(node if chain is None else chain[-1])))
         steps.append(
             Step(
                 run=run,
@@ -399,8 +407,26 @@ def _residual(chain: list[ir.Node]) -> ir.Value | None:
     return next(x for x in chain[1].inputs if x is not conv_out)
 
 
-def _fused_step(conv_run: RunFn, chain: list[ir.Node], graph: ir.Graph, budget: Budget) -> RunFn:
-    """The Conv's run function with its chain's Add/Sum and Relu as its epilogue."""
+def _overwritable(chain: list[ir.Node], host_convs: set[int], dies: bool) -> bool:
+    """Whether the chain's Conv may write its output over the chain's residual: the residual dies
+    at this step (``dies``) and is a buffer that nothing else can see: the output of a host Conv
+    step before it (a fresh array, not a view; ``host_convs``: those Conv nodes and the last node
+    of each one's chain), read only by host Convs (which keep no view of their input) and this
+    chain's Add, not the Conv's own input, not a graph output, input or constant."""
+    res = _residual(chain)
+    if (res is None or not dies or res.is_graph_output() or res.is_graph_input() or res.is_initializer()
+            or res.const_value is not None
+            or any(x is res for x in chain[0].inputs)):
+        return False
+    producer = res.producer()
+    if producer is None or id(producer) not in host_convs:
+        return False
+    return all(node is chain[1] or id(node) in host_convs for node, _ in res.uses())
+
+
+def _fused_step(conv_run: RunFn, chain: list[ir.Node], graph: ir.Graph, budget: Budget, over: bool = False) -> RunFn:
+    """The Conv's run function with its chain's Add/Sum and Relu as its epilogue (``over``: its
+    output may be written over the residual, see :func:`_overwritable`)."""
     from byoc.kernels.conv import fused_conv
 
     add = relu = None
@@ -410,7 +436,7 @@ def _fused_step(conv_run: RunFn, chain: list[ir.Node], graph: ir.Graph, budget: 
             relu = run
         else:
             add = run
-    return fused_conv(conv_run, add, relu)
+    return fused_conv(conv_run, add, relu, over=over)
 
 
 def check_feeds(specs: Sequence[InputSpec], feeds: dict[str, Any],
