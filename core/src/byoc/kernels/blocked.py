@@ -285,7 +285,7 @@ def reorder8(x, xo, c, h, w, L, hq, wq, sh, sw, pt, pl, y, yo):
         _reorder_phases(x, xo, c, h, w, L, hq, wq, sh, sw, pt, pl, y, yo)
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
 def _reorder_plane(x, xo, c, h, w, L, hp, wp, pt, pl, y, yo):
     nb = (c + CB - 1) // CB
     zero = y.dtype.type(0)
@@ -312,7 +312,7 @@ def _reorder_plane(x, xo, c, h, w, L, hp, wp, pt, pl, y, yo):
                 y[_U(t)] = zero
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
 def _reorder_phases(x, xo, c, h, w, L, hq, wq, sh, sw, pt, pl, y, yo):
     nb = (c + CB - 1) // CB
     zero = y.dtype.type(0)
@@ -337,7 +337,7 @@ def _reorder_phases(x, xo, c, h, w, L, hq, wq, sh, sw, pt, pl, y, yo):
             y[_U(t)] = zero
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
 def _conv(x8, xo, wb, b, bo, r, ro, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, ep, y, yo, wide):
     mbw, mr = (MB_WIDE, MR_WIDE) if wide else (MB, MR)
     ntap = cb * kh * kw
@@ -483,6 +483,7 @@ def _conv_job(p):  # compiled as a cfunc by conv_job()
     r, y = numba.carray(float32_at(a[10]), a[11]), numba.carray(float32_at(a[12]), a[13])
     xo, c, h, w, L, hq, wq, sh, sw, pt, pl, cb = a[_I:_I + 12]
     kh, kw, m, ldc, ow, ep, yo, oh, nbk, nre, nk, by_rows = a[_I + 12:_I + 24]
+    # (one call site per loop, every argument an int64 or an array: one compiled version of each)
     per = (cb + nre - 1) // nre  # channel blocks of 8 per reorder chunk
     while True:
         i = claim(sync, 0)
@@ -490,21 +491,25 @@ def _conv_job(p):  # compiled as a cfunc by conv_job()
             break
         b0, b1 = i * per, min(cb, (i + 1) * per)
         if b0 < b1:
-            reorder8(x, xo + b0 * CB * h * w, min(c, b1 * CB) - b0 * CB, h, w, L, hq, wq, sh, sw, pt, pl, x8,
-                     b0 * L * CB)
+            xs, cs, ys = xo + b0 * CB * h * w, min(c, b1 * CB) - b0 * CB, b0 * L * CB
+            if sh == 1 and sw == 1:
+                _reorder_plane(x, xs, cs, h, w, L, hq, wq, pt, pl, x8, ys)
+            else:
+                _reorder_phases(x, xs, cs, h, w, L, hq, wq, sh, sw, pt, pl, x8, ys)
         finish(sync, 0)
     wait_done(sync, 0, nre)
     total = oh if by_rows else nbk
     per = (total + nk - 1) // nk  # output rows, or blocks of output channels, per kernel chunk
+    zero = xo - xo
     while True:
         i = claim(sync, 1)
         if i >= nk:
             break
         s0, s1 = i * per, min(total, (i + 1) * per)
-        if s0 < s1 and by_rows:
-            _conv(x8, 0, wb, b, 0, r, yo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, 0, nbk, s0, s1, ow, ep, y, yo, True)
-        elif s0 < s1:
-            _conv(x8, 0, wb, b, 0, r, yo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, s0, s1, 0, oh, ow, ep, y, yo, True)
+        if s0 < s1:
+            mb0, mb1, r0, r1 = (zero, nbk, s0, s1) if by_rows else (s0, s1, zero, oh)
+            _conv(x8, zero, wb, b, zero, r, yo, cb, L, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow, ep, y,
+                  yo, True)
         finish(sync, 1)
     wait_done(sync, 1, nk)
 

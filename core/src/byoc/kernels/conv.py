@@ -1240,9 +1240,10 @@ class _BlockedJob:
     """The wide blocked kernel writing its output in place (:func:`blocked.own_rows`) for one
     input shape, epilogue, weights and bias, image by image as a compiled job
     (:func:`blocked.conv_job`): the input's reorder and the kernel's chunks claimed by the
-    threads, with no Python and no GIL hand-off between them, in chunks finer than the pool's (a
-    helper that joins late takes what is left). Its argument block is laid out once; a call
-    fills in the arrays. A model step's Python runs between kernels that evict it from the
+    threads, with no Python and no GIL hand-off between them (two kernel chunks per thread, as
+    the Python pool's: four measured slower in-model, each chunk reading every weight block
+    again; a helper that joins late takes what is left). Its argument block is laid out once; a
+    call fills in the arrays. A model step's Python runs between kernels that evict it from the
     caches: ResNet-50's took ~140 us a layer in-model against ~50 us warm (docs/speed.md, round
     fourteen), so the steady state is as little Python as this."""
 
@@ -1261,7 +1262,7 @@ class _BlockedJob:
         self.template = blocked.conv_job_block(dict(
             xo=0, c=c, h=h, w=w, L=plane, hq=hq, wq=wq, sh=sh, sw=sw, pt=pt, pl=pl, cb=cb, kh=kh, kw=kw, m=m,
             ldc=oh * ow, ow=ow, ep=ep, yo=0, oh=oh, nbk=nbk, reorder_chunks=min(cb, 4 * nt),
-            chunks=min(oh, 4 * nt) if wide else min(nbk, 4 * nt), by_rows=int(wide)))
+            chunks=min(oh, 2 * nt) if wide else min(nbk, 2 * nt), by_rows=int(wide)))
         for name, arr in (("wb", wb), ("b", bias)):
             self.template[blocked.JOB_ARRAY[name]:blocked.JOB_ARRAY[name] + 2] = arr.ctypes.data, arr.size
         self.keep = (wb, bias)  # alive while the template holds their addresses
