@@ -208,6 +208,11 @@ def test_preferred_for_stems(monkeypatch, wide, c, k, want):
     monkeypatch.setattr(blocked, "_ENV", "")
     monkeypatch.setattr(blocked, "PAYS", True)
     assert blocked.preferred(c, 64, 1, k, k, 2, 2, 1, 1, 55, 55) == want
+    # the host's own limit takes the 7x7 stem (147) and the 11x11 (363) too, not a deeper one
+    host = blocked.HOST_STEM_MAX_DEPTH
+    assert blocked.preferred(c, 64, 1, k, k, 2, 2, 1, 1, 55, 55, stem_max_depth=host) == (32 if wide and c == 3 else 0)
+    assert blocked.preferred(3, 64, 1, 11, 11, 4, 4, 1, 1, 55, 55, stem_max_depth=host) == (32 if wide else 0)
+    assert blocked.preferred(7, 64, 1, 11, 11, 4, 4, 1, 1, 55, 55, stem_max_depth=host) == 0  # 847 deep
 
 
 def test_the_conv_jobs_block_is_filled_where_the_job_reads():

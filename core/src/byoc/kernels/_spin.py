@@ -11,6 +11,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from byoc.kernels._words import ACTIVE, ARGS, DONE, FN, OPEN, POSTED
+
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
@@ -109,13 +111,7 @@ def wait_done(sync, unit, chunks):
 # -------------------------------------------------------------------------------------------------
 # compiled jobs: work that a helper runs without ever taking the GIL (see
 # :meth:`byoc.kernels.threads._Pool.run_compiled`). A job is a C function ``void f(int64 *args)``
-# (a Numba ``cfunc``) and its argument block; the pool's word holds, besides the posted value
-# (twice the job's generation, plus one for a compiled job), the job's function and arguments,
-# the value of the job still open (0 once closed) and how many helpers are inside it.
-
-from byoc.kernels.threads import _ACTIVE as ACTIVE, _ARGS as ARGS, _DONE as DONE, _FN as FN  # noqa: E402
-from byoc.kernels.threads import _OPEN as OPEN, _POSTED as POSTED  # noqa: E402
-
+# (a Numba ``cfunc``) and its argument block, posted in the pool's words (byoc.kernels._words).
 
 @intrinsic
 def _load_seq(typingctx, arr, idx):

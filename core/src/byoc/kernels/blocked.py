@@ -117,8 +117,15 @@ def own_rows(ow: int, wq: int) -> bool:
 #: a stem (fewer than 8 input channels, zero-padded to 8 in the blocked layout) takes the wide
 #: form where the GEMMs' depth (channels x taps) is below this: their tiles then starve.
 #: SqueezeNet's 3x3/2 stem (depth 27): 1.1-1.4 ms on the host's GEMMs, 0.73 blocked on 2 threads;
-#: ResNet-50's 7x7/2 (147): 3.1 blocked against 2.1 (docs/speed.md round eleven)
+#: ResNet-50's 7x7/2 (147): 3.1 blocked against 2.1 (docs/speed.md round eleven). byoc-cpu's
+#: compiled GEMM stem keeps that rule (ResNet-50 cpu 1.13 against 1.24 of onnxruntime with the
+#: 7x7 blocked); the host's GEMM stem runs Python chunks and crops an accumulator of the padded
+#: width, while its blocked kernel is one compiled job writing in place, which wins in-model up to
+#: the 11x11 stems: :data:`HOST_STEM_MAX_DEPTH` (docs/speed.md round fourteen)
 STEM_MAX_DEPTH = 64
+#: the host's :data:`STEM_MAX_DEPTH` (ResNet-50 host-only 47.5-48.5 -> 45.4-47.4 ms with the 7x7/2
+#: stem blocked, Xeon, 2 threads; DenseNet-121, Inception v1, ZFNet within noise)
+HOST_STEM_MAX_DEPTH = 400
 
 
 def useful_share(oh: int, ow: int, wq: int) -> float:
@@ -129,13 +136,14 @@ def useful_share(oh: int, ow: int, wq: int) -> float:
 
 
 def preferred(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int,
-              oh: int, ow: int) -> int:
+              oh: int, ow: int, stem_max_depth: int = STEM_MAX_DEPTH) -> int:
     """The block (:func:`block_for`) byoc's kernels run this convolution (output ``oh x ow``)
     with by default, or 0 where they prefer another strategy: where the kernel does not apply or
     :data:`PAYS` is off, a 1x1 convolution except in the wide form (byoc's pointwise GEMM; the wide
     form beat it on ResNet-50's 1x1 layers by 10-30%, docs/speed.md round eleven), and on a
     :data:`WIDE` CPU where only the 8-wide form would apply or too few of the positions its tiles
-    compute are output pixels (:data:`WIDE_MIN_SHARE`; byoc's GEMMs are faster there), unless
+    compute are output pixels (:data:`WIDE_MIN_SHARE`; byoc's GEMMs are faster there), or a stem
+    deeper than ``stem_max_depth`` (channels x taps; :data:`STEM_MAX_DEPTH`), unless
     ``BYOC_BLOCKED_CONV=1``."""
     if not (PAYS and applies(c, m, group, kh, kw, sh, sw, dh, dw)):
         return 0
@@ -144,7 +152,7 @@ def preferred(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh
         return mb
     if kh * kw == 1 and mb != MB_WIDE:  # 1x1: byoc's GEMMs, except on the wide form's CPUs
         return 0
-    if c % CB and not (mb == MB_WIDE and c * kh * kw < STEM_MAX_DEPTH):  # a stem: the GEMMs, unless shallow
+    if c % CB and not (mb == MB_WIDE and c * kh * kw < stem_max_depth):  # a stem: the GEMMs, unless shallow
         return 0
     if not WIDE:
         return mb
@@ -574,7 +582,7 @@ def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: 
     return group == 1 and strides and dh == 1 and dw == 1 and (c % CB == 0 or c < CB) and m % MB == 0
 
 
-__all__ = ["CB", "MB", "MB_WIDE", "MR", "MR_SHORT", "MR_WIDE", "PAYS", "STEM_MAX_DEPTH", "WIDE", "WIDE_MIN_SHARE",
+__all__ = ["CB", "MB", "MB_WIDE", "MR", "MR_SHORT", "MR_WIDE", "PAYS", "HOST_STEM_MAX_DEPTH", "STEM_MAX_DEPTH", "WIDE", "WIDE_MIN_SHARE",
            "applies",
            "block_for", "blocked_weights", "blocked_weights_axes", "computed", "conv16", "conv8", "kernel_for", "own_rows",
            "phase_extent", "plane_length", "preferred", "reorder8", "tile_pixels", "useful_share"]

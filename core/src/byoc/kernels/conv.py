@@ -771,7 +771,8 @@ def make_conv(spec: NodeSpec):
         kvol = int(np.prod(ksz))
         own = compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg)
         # the channel-blocked kernel's block of output channels where it beats the GEMMs, else 0
-        block = blocked.preferred(c, m, group, *ksz, *strides, *dil, *out_sp) if nd == 2 else 0
+        block = (blocked.preferred(c, m, group, *ksz, *strides, *dil, *out_sp, stem_max_depth=blocked.HOST_STEM_MAX_DEPTH)
+                 if nd == 2 else 0)
         if pointwise and not block:
             g["how"] = "pointwise"
         elif group > 1 and cg < _DIRECT_MAX_CHANNELS:

@@ -68,6 +68,8 @@ from typing import Any
 
 import numpy as np
 
+from byoc.kernels import _words
+
 __all__ = ["blas_gemms", "blas_info", "configure", "gemm_for", "gemm_split", "num_threads", "openblas",
            "openblas_symbol", "parallel_for", "run_job", "run_spmd", "wake", "scratch", "set_blas_threads"]
 
@@ -271,12 +273,8 @@ class _Job:
                     self.finished.set()
 
 
-# the pool's shared words (int64), a cache line apart: the posted value (twice the generation of the
-# last job posted, plus one for a compiled job), the last Python job a helper finished, a compiled
-# job's function and argument block, the value of the compiled job still open (0 once closed) and
-# how many helpers are inside it (byoc.kernels._spin.serve)
-_POSTED, _DONE, _FN, _ARGS, _OPEN, _ACTIVE = 0, 8, 16, 17, 24, 32
-_WORDS = 40
+# the pool's shared words (byoc.kernels._words)
+_POSTED, _DONE, _WORDS = _words.POSTED, _words.DONE, _words.WORDS
 _serve = _post = _run_and_close = _run_alone = None  # compiled on first use (byoc.kernels._spin)
 
 
