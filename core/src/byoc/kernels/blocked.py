@@ -45,8 +45,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from byoc.kernels.gemm import FULL_WIDTH, ir_accumulate, ir_store_tile, ir_vector_ops
 from byoc.kernels._spin import claim, finish, float32_at, int64_at, wait_done
+from byoc.kernels.gemm import FULL_WIDTH, ir_accumulate, ir_store_tile, ir_vector_ops
 
 _U = np.uint64  # unsigned indices: no negative-index wraparound, so LLVM vectorises
 
@@ -568,7 +568,6 @@ def bind_job(block, x, x8, r, y):
     return at
 
 
-
 def kernel_for(mb: int):
     """:func:`conv16` for blocks of :data:`MB_WIDE` channels, else :func:`conv8`."""
     return conv16 if mb == MB_WIDE else conv8
@@ -582,7 +581,7 @@ def applies(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh: 
     return group == 1 and strides and dh == 1 and dw == 1 and (c % CB == 0 or c < CB) and m % MB == 0
 
 
-__all__ = ["CB", "MB", "MB_WIDE", "MR", "MR_SHORT", "MR_WIDE", "PAYS", "HOST_STEM_MAX_DEPTH", "STEM_MAX_DEPTH", "WIDE", "WIDE_MIN_SHARE",
-           "applies",
+__all__ = ["CB", "HOST_STEM_MAX_DEPTH", "JOB_ARRAY", "JOB_INT", "JOB_SYNC", "MB", "MB_WIDE", "MR", "MR_SHORT", "MR_WIDE",
+           "PAYS", "STEM_MAX_DEPTH", "WIDE", "WIDE_MIN_SHARE", "applies", "bind_job", "conv_job", "conv_job_block",
            "block_for", "blocked_weights", "blocked_weights_axes", "computed", "conv16", "conv8", "kernel_for", "own_rows",
            "phase_extent", "plane_length", "preferred", "reorder8", "tile_pixels", "useful_share"]

@@ -30,7 +30,7 @@ chunk from there (see "waiting without the GIL" below): 27-30 us a hand-off inst
 (:func:`run_job`: a C function and its argument block, the threads sharing its chunks through
 atomic claims): a polling helper runs it from its poll loop without ever taking the GIL, so a
 hand-off costs nothing measurable, and the work can be cut finer than Python chunks allow (the
-host's blocked convolutions: ResNet-50's host run on an Intel Xeon, 2 threads, 62 -> 50 ms,
+host's blocked convolutions: ResNet-50's host run on an Intel Xeon, 2 threads, 60.6 -> 47.9 ms,
 docs/speed.md round fourteen). A model run calls :func:`wake` first, so that helpers asleep
 since the last run poll again by its first kernel. Kernels elsewhere that use ``prange`` still
 get their OpenMP pool, made passive
