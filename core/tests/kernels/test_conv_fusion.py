@@ -331,3 +331,36 @@ def test_a_residual_that_is_the_convs_own_input_is_not_written_over():
     assert not any(_over(compiled))
     for _ in range(2):
         assert_close([compiled.run(feeds)["Y"]], run_onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+def test_blocked_jobs_and_overwritten_residuals_on_several_threads_at_once():
+    # one compiled model run from four threads: each call its own argument block and per-thread
+    # reorder buffer, the pool taken by one caller at a time (the others run their jobs alone)
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(14)
+    model, feeds = _bottleneck(rng)
+    compiled = byoc.compile(model, targets=[])
+    assert any(_over(compiled))
+    inputs = [rng.standard_normal(feeds["X"].shape).astype(np.float32) for _ in range(6)]
+    expected = [compiled.run({"X": v})["Y"] for v in inputs]
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda v: compiled.run({"X": v})["Y"], inputs * 4))
+    for i, g in enumerate(got):
+        np.testing.assert_array_equal(g, expected[i % len(inputs)])
+    assert_close([expected[0]], run_onnxruntime(model, {"X": inputs[0]})[:1], rtol=1e-4, atol=1e-4)
+
+
+def test_input_shapes_that_change_between_runs_keep_their_own_jobs():
+    rng = np.random.default_rng(15)
+    c, m = 16, 32
+    inits = [_init("w", rng.standard_normal((m, c, 3, 3)) / np.sqrt(c * 9)), _init("b", rng.standard_normal(m))]
+    nodes = [_conv("conv", "X", "A", "w", "b", pads=[1, 1, 1, 1]), helper.make_node("Relu", ["A"], ["Y"], name="r")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", c, "h", "w"])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    compiled = byoc.compile(model, targets=[])
+    shapes = [(1, c, 9, 12), (2, c, 14, 14), (1, c, 9, 12), (3, c, 7, 5), (2, c, 14, 14)]
+    for shape in shapes:
+        feeds = {"X": rng.standard_normal(shape).astype(np.float32)}
+        assert_close([compiled.run(feeds)["Y"]], run_onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
