@@ -1,4 +1,5 @@
-"""The pool's nogil poll loop (:func:`byoc.kernels.threads._spin_wait`): atomic loads of a shared
+"""The pool's nogil loops (:mod:`byoc.kernels.threads`: a helper's :func:`serve`, a caller's
+:func:`spin` and compiled jobs' :func:`post` and :func:`run_and_close`): atomic loads of a shared
 word with ``pause`` between them, and a release store before them. A module of its own so that
 :mod:`byoc.kernels.threads` imports Numba only when a pool first waits."""
 

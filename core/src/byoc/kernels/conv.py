@@ -845,7 +845,7 @@ def make_conv(spec: NodeSpec):
         """The step as a job made before for this shape and epilogue, or None: a shape run
         before, its checks and geometry done (the steady state of a model: little Python)."""
         if w is w_const and b is b_const and type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous:
-            job = jobs.get((x.shape, (0 if res is None else 2) + relu))
+            job = jobs.get((x.shape, _epilogue(res, relu)))
             if job is not None:
                 return job.run(x, res, relu, into)
         return None
@@ -951,17 +951,16 @@ def fused_conv(conv_run, add_run=None, relu_run=None, over=False):
     relu = relu_run is not None
 
     def run(x, w, b=None, res=None):
+        into = res if over and res is not x and _writable(res) else None
         if fast is not None and (res is None) == (add_run is None):
-            done = fast(x, w, b, res, relu, res if over and res is not x and _writable(res) else None)
+            done = fast(x, w, b, res, relu, into)
             if done is not None:
                 return done
         if fuses is not None and isinstance(x, np.ndarray) and isinstance(w, np.ndarray) and fuses(x, w):
             if add_run is None:
                 return conv_run(x, w, b, epi=(None, relu))
             if isinstance(res, np.ndarray) and res.dtype == np.float32 and res.shape == conv_run.out_shape(x, w):
-                if over and res is not x and _writable(res):
-                    return conv_run(x, w, b, epi=(res, relu), into=res)
-                return conv_run(x, w, b, epi=(res, relu))
+                return conv_run(x, w, b, epi=(res, relu), into=into)
         (y,) = conv_run(x, w, b)
         if add_run is not None:
             (y,) = add_run(y, res)
@@ -975,6 +974,17 @@ def fused_conv(conv_run, add_run=None, relu_run=None, over=False):
 
 def _writable(a) -> bool:
     return type(a) is np.ndarray and a.flags.c_contiguous and a.flags.writeable
+
+
+def _epilogue(res, relu: bool) -> int:
+    """The blocked kernel's epilogue flags: 2 adds the residual ``res`` (where not None), 1 Relu."""
+    return (0 if res is None else 2) + int(relu)
+
+
+def _by_rows(oh: int, wq: int, nt: int) -> bool:
+    """Whether a blocked convolution splits its kernel over ``nt`` threads by output rows (a wide
+    output), else by blocks of output channels."""
+    return nt > 1 and oh * wq >= 256 * nt
 
 
 def _bias_slice(bias, gi, mg):
@@ -1259,7 +1269,7 @@ class _BlockedJob:
         hq, wq = g["hq"], g["wq"]
         plane, cb, nbk = blocked.plane_length(hq, wq, kw, sh, sw), -(-c // blocked.CB), m // g["mb"]
         nt = threads.num_threads()
-        wide = nt > 1 and oh * wq >= 256 * nt  # by output rows, else by blocks of output channels
+        wide = _by_rows(oh, wq, nt)
         self.template = blocked.conv_job_block(dict(
             xo=0, c=c, h=h, w=w, L=plane, hq=hq, wq=wq, sh=sh, sw=sw, pt=pt, pl=pl, cb=cb, kh=kh, kw=kw, m=m,
             ldc=oh * ow, ow=ow, ep=ep, yo=0, oh=oh, nbk=nbk, reorder_chunks=min(cb, 4 * nt),
@@ -1272,8 +1282,11 @@ class _BlockedJob:
         self.out_shape = (nb, m, oh, ow)
         self.ep = ep
 
-    def __call__(self, xf: np.ndarray, rf: np.ndarray, yf: np.ndarray) -> None:
-        """The input, residual (the output where there is none) and output, flat and contiguous."""
+    def __call__(self, xf: np.ndarray, res: np.ndarray | None, out: np.ndarray) -> None:
+        """The input (flat, contiguous), the residual (None where the epilogue adds none) and the
+        contiguous output (the residual itself where it is written over)."""
+        yf = out.reshape(-1)
+        rf = yf if res is None else np.ascontiguousarray(res).reshape(-1)
         x8 = threads.scratch("conv.x8", (self.x8_size,), np.float32)
         block = self.template.copy()  # one per call: a plan may run on several threads at once
         address = blocked.bind_job(block, xf, x8, rf, yf)
@@ -1292,8 +1305,7 @@ class _BlockedJob:
         if res is not None and not (type(res) is np.ndarray and res.dtype == np.float32 and res.shape == self.out_shape):
             return None
         out = np.empty(self.out_shape, np.float32) if into is None else into  # the size was checked before
-        yf = out.reshape(-1)
-        self(x.reshape(-1), yf if res is None else np.ascontiguousarray(res).reshape(-1), yf)
+        self(x.reshape(-1), res, out)
         return (out,)
 
 
@@ -1316,10 +1328,9 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None) -> _BlockedJob |
     mbw = g["mb"]
     xf, wb = x5.reshape(-1), pw.blocked(mbw)
     if mbw == blocked.MB_WIDE and blocked.own_rows(ow, wq):  # output pixel (i, j) at i * ow + j of each channel
-        yf = out.reshape(-1)
         res, relu = epi if epi is not None else (None, False)
-        job = _BlockedJob(x5.shape, out.shape, g, wb, bias, (0 if res is None else 2) + int(relu))
-        job(xf, yf if res is None else np.ascontiguousarray(res).reshape(-1), yf)
+        job = _BlockedJob(x5.shape, out.shape, g, wb, bias, _epilogue(res, relu))
+        job(xf, res, out)
         return job
     if epi is not None:  # fused_conv asks fuses() first: only the in-place form takes one
         raise KernelError("internal: an epilogue for a blocked convolution that crops its output")
@@ -1333,7 +1344,7 @@ def _blocked_conv(x5, pw: _ConvWeights, g, bias, out, epi=None) -> _BlockedJob |
     zero.fill(0.0)
     nt = threads.num_threads()
     cblocks = split(cb, nt)
-    wide = nt > 1 and oh * wq >= 256 * nt
+    wide = _by_rows(oh, wq, nt)
     blocks = split(oh, 2 * nt) if wide else split(nbk, nt)
     for n in range(nb):
         xo, on = n * c * h * w, out[n:n + 1]

@@ -222,22 +222,11 @@ def _default_threads() -> int:
 #: about 200 microseconds in all on the development machine, enough to bridge the Python
 #: between two kernels)
 SPIN_POLLS = 8000
-_spin = None  # the nogil poll loop, compiled on first use
 
 
 def _spin_wait(word: np.ndarray, idx: int, seen: int, sidx: int = -1, svalue: int = 0) -> bool:
     """Poll ``word[idx] != seen`` outside the GIL (after storing ``svalue`` at ``word[sidx]``)."""
-    global _spin
-    if _spin is None:
-        with _lock:  # one dispatcher for every thread (Numba then compiles it once)
-            if _spin is None:
-                try:
-                    from byoc.kernels._spin import spin as _spin
-                except Exception:  # pragma: no cover - no Numba/LLVM: sleep on the condition at once
-                    def _spin(word, idx, seen, polls, sidx, svalue):
-                        if sidx >= 0:
-                            word[sidx] = svalue
-                        return False
+    _compiled()
     return bool(_spin(word, idx, seen, SPIN_POLLS, sidx, svalue))
 
 
@@ -275,17 +264,18 @@ class _Job:
 
 # the pool's shared words (byoc.kernels._words)
 _POSTED, _DONE, _WORDS = _words.POSTED, _words.DONE, _words.WORDS
-_serve = _post = _run_and_close = _run_alone = None  # compiled on first use (byoc.kernels._spin)
+# the nogil loops (byoc.kernels._spin), imported on first use: one dispatcher each for every thread
+_spin = _serve = _post = _run_and_close = _run_alone = None
 
 
 def _compiled():
-    global _serve, _post, _run_and_close, _run_alone
+    global _spin, _serve, _post, _run_and_close, _run_alone
     if _serve is None:
         with _lock:
             if _serve is None:
-                from byoc.kernels import _spin
-                _post, _run_and_close, _run_alone = _spin.post, _spin.run_and_close, _spin.run_alone
-                _serve = _spin.serve
+                from byoc.kernels import _spin as loops
+                _spin, _post, _run_and_close, _run_alone = loops.spin, loops.post, loops.run_and_close, loops.run_alone
+                _serve = loops.serve
 
 
 class _Pool:

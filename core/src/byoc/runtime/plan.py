@@ -319,7 +319,7 @@ def build_plan(
         chain = chains.get(id(node))
         if chain is not None:
             res = _residual(chain)
-            over = res is not None and _overwritable(chain, host_convs, slot_of(res) in releases.get(idx, ()))
+            over = res is not None and _overwritable(res, chain, host_convs, slot_of(res) in releases.get(idx, ()))
             run = _fused_step(run, chain, graph, budget, over)
         if host and _standard(node, ("Conv",)):
             host_convs.update((id(node), id(node if chain is None else chain[-1])))
@@ -407,14 +407,13 @@ def _residual(chain: list[ir.Node]) -> ir.Value | None:
     return next(x for x in chain[1].inputs if x is not conv_out)
 
 
-def _overwritable(chain: list[ir.Node], host_convs: set[int], dies: bool) -> bool:
-    """Whether the chain's Conv may write its output over the chain's residual: the residual dies
+def _overwritable(res: ir.Value, chain: list[ir.Node], host_convs: set[int], dies: bool) -> bool:
+    """Whether the chain's Conv may write its output over the chain's residual ``res``: it dies
     at this step (``dies``) and is a buffer that nothing else can see: the output of a host Conv
     step before it (a fresh array, not a view; ``host_convs``: those Conv nodes and the last node
     of each one's chain), read only by host Convs (which keep no view of their input) and this
     chain's Add, not the Conv's own input, not a graph output, input or constant."""
-    res = _residual(chain)
-    if (res is None or not dies or res.is_graph_output() or res.is_graph_input() or res.is_initializer()
+    if (not dies or res.is_graph_output() or res.is_graph_input() or res.is_initializer()
             or res.const_value is not None
             or any(x is res for x in chain[0].inputs)):
         return False
