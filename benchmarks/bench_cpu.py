@@ -120,7 +120,7 @@ def bench_model(name: str, rounds: int, load: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from byoc.kernels.threads import blas_info
+    from byoc_cpu.host.threads import blas_info
     from byoc.testing.zoo import ZOO
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     names = args.model or list(ZOO)
     cols = (["ortx"] if args.ort_extended else []) + ["+".join(t) or "host" for t in target_sets]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    from byoc.kernels import threads
+    from byoc_cpu.host import threads
 
     print(f"byoc vs onnxruntime, {os.cpu_count()} cores, {args.threads} threads per engine (byoc pool: "
           f"{threads.num_threads()}), onnxruntime spinning {'on' if args.ort_spin else 'off'}, load {load:.1f}; "

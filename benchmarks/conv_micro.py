@@ -133,7 +133,7 @@ def main() -> None:
     if args.threads:
         os.environ["BYOC_NUM_THREADS"] = str(args.threads)  # read when byoc's kernels load
     import byoc
-    from byoc.kernels import threads
+    from byoc_cpu.host import threads
     from byoc.testing.oracle import ort_peer_session
     print("thread policy:", threads.blas_info())
     ort_threads = args.threads or None

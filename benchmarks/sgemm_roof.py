@@ -51,7 +51,7 @@ def _best(fn, runs):
 
 
 def roof(runs: int, threads: int) -> tuple[float, list[str]]:
-    from byoc.kernels import threads as pool
+    from byoc_cpu.host import threads as pool
 
     rng = np.random.default_rng(0)
     shapes = [("square 2048", 2048, 2048, 2048)] + [(n, *_gemm_shape(*g)) for n, *g in CONVS]
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     os.environ["BYOC_NUM_THREADS"] = str(args.threads)
-    from byoc.kernels import threads as pool
+    from byoc_cpu.host import threads as pool
 
     info = pool.blas_info()
     load = os.getloadavg()[0]

@@ -101,7 +101,9 @@ def test_bundle_cache_dir_is_never_read_or_written(tmp_path, monkeypatch, exists
 
 
 def _fresh(monkeypatch):
-    monkeypatch.setattr(byoc_cpu_runtime, "_fallback_dir", None)
+    import byoc_cpu.cache
+
+    monkeypatch.setattr(byoc_cpu.cache, "_fallback_dir", None)
 
 
 @pytest.mark.parametrize("case", ["world-writable", "group-writable", "foreign-owner", "symlink", "foreign-files"])
@@ -127,7 +129,7 @@ def test_unsafe_cache_folder_is_refused(tmp_path, monkeypatch, case):
         byoc_cpu_runtime.check_cache_dir(folder)
     _fresh(monkeypatch)
     with pytest.warns(UserWarning, match="cannot be used"):
-        used = byoc_cpu_runtime._writable_dir(folder)
+        used = byoc_cpu_runtime.writable_dir(folder)
     assert used != folder and used.is_dir()
     assert not (folder / byoc_cpu_runtime.MARKER).exists()
 
@@ -135,10 +137,10 @@ def test_unsafe_cache_folder_is_refused(tmp_path, monkeypatch, case):
 def test_safe_cache_folder_is_made_private_and_marked(tmp_path, monkeypatch):
     folder = tmp_path / "a" / "b"
     _fresh(monkeypatch)
-    assert byoc_cpu_runtime._writable_dir(folder) == folder
+    assert byoc_cpu_runtime.writable_dir(folder) == folder
     assert (folder.stat().st_mode & 0o777) == 0o700
     assert (folder / byoc_cpu_runtime.MARKER).is_file()
-    assert byoc_cpu_runtime._writable_dir(folder) == folder  # reused
+    assert byoc_cpu_runtime.writable_dir(folder) == folder  # reused
 
 
 def test_cache_is_bounded_oldest_modules_evicted(tmp_path):
@@ -167,7 +169,7 @@ def test_cache_limit_applies_when_modules_are_written(tmp_path, monkeypatch):
     monkeypatch.setenv("BYOC_CPU_CACHE_MAX_MODULES", "1")
     monkeypatch.setattr(byoc_cpu_runtime, "_modules", {})  # import afresh: the module file gets written
     _fresh(monkeypatch)
-    folder = byoc_cpu_runtime._writable_dir(tmp_path / "c")
+    folder = byoc_cpu_runtime.writable_dir(tmp_path / "c")
     for i in range(3):
         (folder / f"byoc_cpu_{i:064x}.py").write_text("# old\n")
     byoc.compile(conv_model(), targets=["cpu"])

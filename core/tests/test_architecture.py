@@ -1,4 +1,5 @@
-"""The structure of the code: no import circle in ``byoc``, no function over 100 lines.
+"""The structure of the code: no import circle in ``byoc`` or a plugin, plugins on byoc's public
+API only, nothing of the tuned engine in the core, no function over 100 lines.
 
 Both checks read the source with :mod:`ast` (nothing is imported or executed):
 
@@ -7,6 +8,12 @@ Both checks read the source with :mod:`ast` (nothing is imported or executed):
   ``from pkg import name`` where ``name`` is a submodule is an edge to that submodule. Imports
   under ``if TYPE_CHECKING:`` are annotations only and do not count. Any cycle fails the test,
   named module by module.
+* the same for every package under ``plugins/*/src``, and for ``byoc`` and every plugin with the
+  annotation-only imports counted too (a type an upper layer needs belongs lower).
+* a plugin imports from ``byoc`` only the public API (:data:`PUBLIC_API`), and no ``_private``
+  name.
+* ``core/src`` holds no hand-built LLVM IR, intrinsics, C callbacks or atomics: the core is the
+  contract, the compiler, the runtime and the plain reference kernels.
 * every function (and method) in ``core/src`` and ``plugins/*/src``, outside ``kernels/``
   folders (the numba kernels follow the performance work's own structure), spans at most
   100 lines from its ``def`` (decorators included) to its last line.
@@ -21,11 +28,21 @@ from pathlib import Path
 import pytest
 
 MAX_FUNCTION_LINES = 100
+#: the core's size (``core/src``, every line of every Python file)
+CORE_MAX_LINES = 20_000
 
 REPO = Path(__file__).resolve().parents[2]
 
 #: functions allowed over the limit for now: "path relative to the repo::qualified name"
-KNOWN_LONG_FUNCTIONS: set[str] = set()
+KNOWN_LONG_FUNCTIONS: set[str] = {
+    "plugins/byoc-cpu/src/byoc_cpu/host/conv.py::make_conv",
+    "plugins/byoc-cpu/src/byoc_cpu/host/conv.py::make_conv_transpose",
+    "plugins/byoc-cpu/src/byoc_cpu/host/pool.py::_pool_factory",
+}
+
+#: the modules of ``byoc`` a plugin may import (and their submodules where the name ends in ".")
+PUBLIC_API = ("byoc", "byoc.contract", "byoc.contract.", "byoc.kernels", "byoc.quantize", "byoc.testing",
+              "byoc.testing.")
 
 
 # --------------------------------------------------------------------------- import graph
@@ -49,6 +66,12 @@ def _modules(package: str) -> dict[str, Path]:
     return out
 
 
+def _plugin_packages() -> list[tuple[str, Path]]:
+    """(import name, source folder) of every package under ``plugins/*/src``."""
+    return [(pkg.name, pkg) for src in sorted((REPO / "plugins").glob("*/src"))
+            for pkg in sorted(src.iterdir()) if (pkg / "__init__.py").exists()]
+
+
 def _is_type_checking(test: ast.expr) -> bool:
     if isinstance(test, ast.Name):
         return test.id == "TYPE_CHECKING"
@@ -57,15 +80,16 @@ def _is_type_checking(test: ast.expr) -> bool:
     return False
 
 
-def _import_nodes(tree: ast.AST):
-    """Every Import/ImportFrom in the tree, skipping the bodies of ``if TYPE_CHECKING:``."""
+def _import_nodes(tree: ast.AST, type_hints: bool = False):
+    """Every Import/ImportFrom in the tree, skipping the bodies of ``if TYPE_CHECKING:`` unless
+    ``type_hints``."""
     stack = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
             continue
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if not type_hints and isinstance(node, ast.If) and _is_type_checking(node.test):
             stack.extend(node.orelse)
             continue
         stack.extend(ast.iter_child_nodes(node))
@@ -82,14 +106,15 @@ def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def import_graph(package: str = "byoc") -> dict[str, set[str]]:
-    """Module -> the modules of the same package it imports."""
+def import_graph(package: str = "byoc", type_hints: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (``type_hints``: annotation-only
+    imports too)."""
     modules = _modules(package)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         is_package = path.name == "__init__.py"
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in _import_nodes(tree):
+        for node in _import_nodes(tree, type_hints):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -198,6 +223,68 @@ def test_import_graph_reads_every_kind_of_import(tmp_path, monkeypatch):
 def test_no_import_cycle_in_byoc():
     cycles = find_cycles(import_graph("byoc"))
     assert not cycles, "import cycle(s) in byoc:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("package", ["byoc", *(name for name, _ in _plugin_packages())])
+def test_no_import_cycle_even_for_type_hints(package):
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed here")
+    cycles = find_cycles(import_graph(package, type_hints=True))
+    assert not cycles, f"import cycle(s) in {package}:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def private_imports(folder: Path) -> list[str]:
+    """``file:line name`` for every import of ``byoc`` outside :data:`PUBLIC_API` or of a
+    ``_private`` name, in the sources under ``folder`` (function-level and annotation imports too)."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in _import_nodes(tree, type_hints=True):
+            if isinstance(node, ast.Import):
+                pairs = [(alias.name, None) for alias in node.names]
+            elif node.level == 0 and node.module:
+                pairs = [(node.module, alias.name) for alias in node.names]
+            else:
+                continue
+            for module, name in pairs:
+                if module != "byoc" and not module.startswith("byoc."):
+                    continue
+                public = any(module == p or (p.endswith(".") and module.startswith(p)) for p in PUBLIC_API)
+                private = any(part.startswith("_") for part in module.split(".")) or (name or "").startswith("_")
+                if not public or private:
+                    found.append(f"{path.relative_to(folder)}:{node.lineno} {module}{'.' + name if name else ''}")
+    return found
+
+
+def test_private_import_finder(tmp_path):
+    (tmp_path / "m.py").write_text("from byoc.contract import Target\nfrom byoc.kernels.gemm import _table\n"
+                                   "def f():\n    import byoc.runtime.plan\n")
+    found = [f.split(" ", 1)[1] for f in private_imports(tmp_path)]
+    assert sorted(found) == ["byoc.kernels.gemm._table", "byoc.runtime.plan"]
+
+
+@pytest.mark.parametrize("package", [name for name, _ in _plugin_packages()])
+def test_plugins_import_only_the_public_api(package):
+    folder = dict(_plugin_packages())[package]
+    found = private_imports(folder)
+    assert not found, f"{package} imports byoc internals (use byoc.contract):\n" + "\n".join(found)
+
+
+#: what a plain reference has no use for: hand-built LLVM IR, intrinsics, C callbacks, atomics
+ENGINE_MARKERS = ("llvmlite", "intrinsic", "cfunc", "atomic_rmw", "cmpxchg", "load_atomic", "store_atomic")
+
+
+def test_the_core_holds_no_tuned_engine():
+    found = [f"{p.relative_to(REPO)}:{i} {marker}"
+             for p in sorted((REPO / "core" / "src").rglob("*.py"))
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             for marker in ENGINE_MARKERS if marker in line]
+    assert not found, "the core is the plain reference (the tuned engine lives in byoc-cpu):\n" + "\n".join(found)
+
+
+def test_the_core_stays_small():
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in (REPO / "core" / "src").rglob("*.py"))
+    assert lines <= CORE_MAX_LINES, f"core/src has {lines} lines, over {CORE_MAX_LINES}"
 
 
 # --------------------------------------------------------------------------- function length

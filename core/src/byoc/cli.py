@@ -22,6 +22,7 @@ from typing import NoReturn, Sequence
 
 import numpy as np
 
+from byoc.contract import environment as _env
 from byoc.errors import ByocError, InputError
 from byoc.frontend.shapes import add_shape_argument
 
@@ -315,7 +316,7 @@ def _describe(exc: BaseException) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``byoc`` command; returns the exit status (see the module docstring)."""
-    debug = os.environ.get("BYOC_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+    debug = _env.get("BYOC_DEBUG").strip().lower() in ("1", "true", "yes", "on")
     try:
         parser = build_parser()
         args = _parse(parser, argv)

@@ -35,11 +35,11 @@ from byoc.partition.partitioner import Partitioner, _Faults, ensure_node_names, 
 from byoc.partition import measure as _measure
 from byoc.partition.placement import HOST, PLACEMENTS
 from byoc.partition.records import NodeRecord
-from byoc.contract import Region, Target
+from byoc.contract import HostExecutor, Region, Target
 from byoc.contract.options import resolve_options as _resolve
 from byoc.frontend.shapes import fix_input_shapes
 from byoc.passes.simplify import drop_legacy_initializer_inputs
-from byoc.plugins import Registry, get_registry
+from byoc.plugins import Registry, get_registry, host_executor
 from byoc.quantize import pipeline as _quant
 from byoc.progress import Stages
 from byoc.progress import stages as progress_stages
@@ -99,6 +99,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     placement: str = "priority",
     input_shapes: Mapping[str, Sequence[int] | int] | None = None,
     measure_budget_s: float | None = None,
+    host: str | None = None,
 ) -> CompiledModel:
     """Compile an ONNX model.
 
@@ -132,6 +133,10 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     :param measure_budget_s: with ``placement="measure"``: wall-clock seconds this compile may spend
         measuring (default :data:`byoc.partition.measure.MEASURE_BUDGET_S`); candidates left when it
         is spent are priced by estimates, and the report says which.
+    :param host: what runs the host's nodes (those no target took): ``None`` (default) the
+        installed CPU executor with the highest priority (byoc-cpu's tuned kernels where
+        installed; ``BYOC_HOST_EXECUTOR`` overrides), ``"reference"`` byoc's reference kernels,
+        or an executor's name (see :mod:`byoc.contract.host`).
     :returns: a :class:`CompiledModel`.
     """
     if placement not in PLACEMENTS:
@@ -144,6 +149,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     budget = budget or DEFAULT_BUDGET
     stages = progress_stages("compile")
     stages.next("load and validate the model")
+    executor = host_executor(host, registry)
     registry = registry if registry is not None else (get_registry() if targets != [] else None)
     unavailable: dict[str, str] = {}
     selected = resolve_targets(registry, targets, unavailable) if registry is not None else []
@@ -161,14 +167,16 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
             if calibration is not None and any(t.needs_calibration for t in selected):
                 calibration = list(calibration)  # each shape specialisation calibrates again
             passes = None if passes is None else list(passes)  # read once per specialisation
-            settings = _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s)
+            settings = _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s,
+                                 executor)
             recipe = {"passes": passes, "strict": strict, "placement": placement, "hook_timeout": hook_timeout,
                       "calibrated": calibration is not None and any(t.needs_calibration for t in selected),
                       "target_options": {t.name: dict(options[t.name]) for t in selected}}
             stages.finish()
             return specialise(proto, selected, shape_compiler(options, settings), recipe)
     cm = compile_model(ir_model, selected, options,
-                       _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s), stages)
+                       _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s,
+                                 executor), stages)
     if skipped:
         cm.options["skipped_targets"] = skipped
     return cm
@@ -185,9 +193,10 @@ def shape_compiler(options: Mapping[str, Mapping[str, Any]], settings: "_Setting
 
 
 def settings_from_recipe(registry: Registry | None, budget: Budget, recipe: Mapping[str, Any]) -> "_Settings":
-    """The compile settings a specialiser's ``recipe`` (plain data, see :func:`specialise`) describes."""
+    """The compile settings a specialiser's ``recipe`` (plain data, see :func:`specialise`) describes;
+    the host executor is this machine's."""
     return _Settings(registry, recipe["passes"], budget, recipe["strict"], recipe["hook_timeout"], None,
-                     recipe["placement"])
+                     recipe["placement"], host=host_executor(None, registry))
 
 
 @dataclass(frozen=True)
@@ -202,6 +211,8 @@ class _Settings:
     calibration: Iterable[Mapping[str, np.ndarray]] | None
     placement: str = "priority"
     measure_budget_s: float | None = None
+    #: what runs the host's nodes (``None``: the reference kernels)
+    host: HostExecutor | None = None
 
 
 def _load(model: ModelLike, budget: Budget, *, require_kernels: bool) -> ir.Model:
@@ -241,7 +252,8 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
     if compiled_regions and REGION_DOMAIN not in ir_model.graph.opset_imports:
         ir_model.graph.opset_imports[REGION_DOMAIN] = 1
     stages.next("execution plan")
-    plan = build_plan(ir_model.graph, budget=budget, step_factory=region_step_factory(compiled_regions), fuse=True)
+    plan = build_plan(ir_model.graph, budget=budget, step_factory=region_step_factory(compiled_regions), fuse=True,
+                      host=settings.host)
     stages.finish()
     cm = CompiledModel(
         ir_model,

@@ -10,6 +10,7 @@ import collections
 import os
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
+from byoc.contract import environment as _env
 
 if TYPE_CHECKING:  # pragma: no cover
     from byoc.budget import Budget
@@ -228,7 +229,7 @@ def doctor(registry: "Registry | None" = None) -> DoctorReport:
                  for f in registry.faults if f.kind == "api-version" and f.hook == "import"]
     return DoctorReport(
         hook_api_version=hookspecs.HOOK_API_VERSION,
-        plugins_env=os.environ.get("BYOC_PLUGINS"),
+        plugins_env=_env.get("BYOC_PLUGINS", None),
         plugins=plugins,
         usable_targets=[t.name for t in registry.ordered_targets()],
         problems=problems,

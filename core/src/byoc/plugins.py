@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import logging
-import os
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -25,8 +24,10 @@ from typing import Any, Callable, Iterable
 
 import pluggy
 
+from byoc.contract import environment as _env
 from byoc.contract import hookspecs
 from byoc.contract.faults import PluginFault
+from byoc.contract.host import HostExecutor
 from byoc.contract.types import Pattern, Rule, Target
 from byoc.errors import PluginError
 
@@ -64,6 +65,8 @@ class Registry:
     distributions: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: target name -> the plugins whose target-scoped hooks it calls (owner first, then extenders)
     scopes: dict[str, list[str]] = field(default_factory=dict)
+    #: CPU executors for the host's nodes, highest priority first
+    executors: list[HostExecutor] = field(default_factory=list)
     _callers: dict[tuple[str, str | None], Any] = field(default_factory=dict, repr=False)
 
     def ordered_targets(self) -> list[Target]:
@@ -174,7 +177,7 @@ def _call_with_timeout(fn: Callable[..., Any], args: dict[str, Any], timeout: fl
     return box.get("value")
 
 
-_TRACE = os.environ.get("BYOC_TRACE", "") not in ("", "0")
+_TRACE = _env.get("BYOC_TRACE") not in ("", "0")
 _lock = threading.Lock()
 _registry: Registry | None = None
 
@@ -200,7 +203,7 @@ def build_registry(plugins: Iterable[tuple[str, object]] = (), *, entry_points: 
         pm.trace.root.setwriter(logger.info)
         pm.enable_tracing()
     if entry_points:
-        env = os.environ.get("BYOC_PLUGINS")
+        env = _env.get("BYOC_PLUGINS", None)
         allow = None if env is None else {s.strip() for s in env.split(",") if s.strip()}
         for ep in _entry_points():
             if not _allowed(ep, allow):
@@ -284,11 +287,50 @@ def _collect(reg: Registry) -> None:
             continue
         reg.targets[name] = t
         reg.scopes[name] = [t.plugin] + [p for p in extends.get(name, []) if p != t.plugin]
+    _collect_executors(reg)
     for name in reg.targets:
         reg.operators[name] = {}
         reg.patterns[name] = []
         reg.rules[name] = []
         _collect_for_target(reg, name)
+
+
+def _collect_executors(reg: Registry) -> None:
+    current = {"plugin": ""}
+
+    def register(executor: HostExecutor) -> None:
+        if not isinstance(executor, HostExecutor):
+            raise TypeError(f"register() expects a byoc.contract.HostExecutor, got {type(executor).__name__}")
+        executor.plugin = current["plugin"]
+        reg.executors.append(executor)
+
+    for impl in reg.hookimpls("byoc_register_host_executor"):
+        current["plugin"] = impl.plugin_name
+        try:
+            impl.function(**({"register": register} if "register" in impl.argnames else {}))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            _fault(reg, impl.plugin_name, "byoc_register_host_executor", f"raised {type(exc).__name__}: {exc}")
+    reg.executors.sort(key=lambda e: (-e.priority, e.name))
+
+
+def host_executor(choice: str | None = None, registry: Registry | None = None) -> HostExecutor | None:
+    """The CPU executor for the host's nodes: ``choice`` (an executor's name, or
+    ``"reference"`` for byoc's reference kernels alone), else ``BYOC_HOST_EXECUTOR``, else the
+    installed executor with the highest priority (``None``: the reference kernels)."""
+    choice = choice or _env.get("BYOC_HOST_EXECUTOR") or None
+    if choice == "reference":
+        return None
+    executors = (registry if registry is not None else get_registry()).executors
+    if choice is None:
+        return executors[0] if executors else None
+    for executor in executors:
+        if executor.name == choice:
+            return executor
+    names = ", ".join(repr(e.name) for e in executors) or "none installed"
+    raise PluginError(f"host executor {choice!r} is not installed (installed: {names}; 'reference' runs byoc's "
+                      "reference kernels)")
 
 
 def _each_target(reg: Registry, claimed: dict[str, list[Target]], extends: dict[str, list[str]]):

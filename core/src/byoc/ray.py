@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from byoc.contract import environment as _env
 from byoc.errors import BundleError, InputError, OptionError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -207,7 +208,7 @@ class BundlePredictor:
                  threads: int = 1, fallback: str | None = None, keep_inputs: bool = False):
         _worker_logging()
         import byoc
-        from byoc.kernels.threads import num_threads
+        from byoc.contract.environment import num_threads
 
         start = time.perf_counter()
         data = bundle
@@ -226,7 +227,7 @@ class BundlePredictor:
         self.threads = num_threads()
         if self.threads != threads:
             log.warning("pid %d: byoc runs %d thread(s), not the %d asked for (BYOC_NUM_THREADS=%r)",
-                        os.getpid(), self.threads, threads, os.environ.get("BYOC_NUM_THREADS"))
+                        os.getpid(), self.threads, threads, _env.get("BYOC_NUM_THREADS", None))
         self.inputs = dict(inputs) if inputs else {n: n for n in self.model.input_names}
         self.outputs = dict(outputs) if outputs else {n: n for n in self.model.output_names}
         unknown = [n for n in self.outputs if n not in self.model.output_names]

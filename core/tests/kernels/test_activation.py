@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from byoc.errors import KernelError
-from byoc.kernels import elementwise as E
+from kernels import serial as serial_ranges, splitting
 from byoc.kernels.registry import NodeSpec, make_kernel
 from byoc.testing.oracle import assert_close, run_byoc, run_onnxruntime, run_reference, single_node_model
 
@@ -219,14 +219,10 @@ def test_softmax_special_rows():
 def test_softmax_large_parallel_matches_serial(axis):
     x = np.random.default_rng(0).standard_normal((64, 300, 70)).astype(np.float32)
     run = make_kernel(NodeSpec("Softmax", attrs={"axis": axis}))
-    saved = E.parallel_workers(), E.PARALLEL_MIN_ELEMENTS, E.PARALLEL_MIN_CHUNK
-    try:
-        E.set_parallelism(workers=1)
+    with serial_ranges():
         serial = run(x)[0]
-        E.set_parallelism(workers=3, min_elements=1000, min_chunk=1000)
+    with splitting(3):
         parallel = run(x)[0]
-    finally:
-        E.set_parallelism(*saved)
     np.testing.assert_array_equal(serial, parallel)
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     np.testing.assert_allclose(serial, e / e.sum(axis=axis, keepdims=True), rtol=1e-5, atol=1e-7)

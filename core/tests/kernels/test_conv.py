@@ -89,40 +89,6 @@ def test_conv_strided_strategies_property(case):
     check("Conv", [x, w] + ([b] if b is not None else []), attrs, const=const)
 
 
-@pytest.mark.parametrize("how", ["shift", "im2col", "winograd2", "winograd4", "openblas"])
-def test_conv_each_strategy(how, monkeypatch):
-    """Every strategy on the same layers, forced through the module's thresholds."""
-    from byoc.kernels import conv as C
-    from byoc.kernels import gemm as G
-
-    if how == "im2col":
-        monkeypatch.setattr(C, "_SHIFT_MIN_CHANNELS", 10**9)
-    if how == "shift":
-        monkeypatch.setattr(C, "SHIFT_BLAS_MIN_CG", 0)
-    if how.startswith("winograd"):
-        monkeypatch.setattr(G, "_OWN_GEMM", False)  # Winograd is chosen only with OpenBLAS's GEMM
-        monkeypatch.setattr(C, "_WINO_MIN_SIDE", {2: 1, 4: 1 if how == "winograd4" else 10**9})
-        monkeypatch.setattr(C, "_WINO_AUTO_F2_SIDE", 1)
-        monkeypatch.setattr(C, "WINOGRAD_MIN_CM", 0)
-    if how == "openblas":
-        monkeypatch.setattr(G, "_OWN_GEMM", False)
-        monkeypatch.setattr(C, "_WINO_MIN_SIDE", {2: 10**9, 4: 10**9})
-    rng = np.random.default_rng(11)
-    for xshape, wshape, attrs in [
-        ((2, 16, 18, 17), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
-        ((1, 20, 11, 9), (8, 20, 3, 3), {"pads": [0, 1, 2, 1]}),
-        ((1, 16, 13, 12), (8, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
-        ((1, 3, 20, 20), (8, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
-        ((2, 24, 9, 10), (12, 24, 1, 1), {}),
-    ]:
-        x = rng.standard_normal(xshape).astype(np.float32)
-        w = (rng.standard_normal(wshape) / np.sqrt(np.prod(wshape[1:]))).astype(np.float32)
-        b = rng.standard_normal(wshape[0]).astype(np.float32)
-        # Winograd F(4x4, 3x3) rounds more than a direct sum (its transforms scale by up to 8)
-        tol = {"rtol": 1e-3, "atol": 1e-3} if how == "winograd4" else {}
-        check("Conv", [x, w, b], attrs, **tol)
-
-
 @pytest.mark.parametrize(
     "xshape,wshape,attrs",
     [
@@ -164,21 +130,6 @@ def test_conv_other_dtypes(dtype):
     # float16: byoc computes in float32 and rounds once; the reference accumulates in float16
     tol = {"rtol": 1e-9, "atol": 1e-9} if dtype == np.float64 else {"rtol": 2e-2, "atol": 2e-2}
     check("Conv", [x, w, b], {"pads": [1, 1, 1, 1]}, **tol)
-
-
-def test_conv_large_im2col_is_blocked():
-    # the patch matrix (27 x 65536 floats) exceeds one block only when made larger; force blocks
-    from byoc.kernels import conv as C
-
-    old = C._COL_BLOCK
-    C._COL_BLOCK = 1000
-    try:
-        rng = np.random.default_rng(3)
-        x = rng.standard_normal((1, 3, 20, 17)).astype(np.float32)
-        w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
-        check("Conv", [x, w], {"strides": [2, 1], "pads": [1, 1, 0, 0]})
-    finally:
-        C._COL_BLOCK = old
 
 
 def test_conv_errors():
@@ -280,50 +231,6 @@ def test_conv_kernel_is_thread_safe():
         np.testing.assert_array_equal(g, expected[i % len(inputs)])
 
 
-@st.composite
-def thin_group_geometry(draw):
-    groups = draw(st.integers(1, 6))
-    cg = draw(st.integers(1, 3))
-    mult = draw(st.integers(1, 3))
-    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
-    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    pt, pl = draw(st.integers(0, 2)), draw(st.integers(0, 2))
-    pb, pr = draw(st.integers(0, 2)), draw(st.integers(0, 2))
-    h = draw(st.integers(max(1, (kh - 1) * dh + 1 - pt - pb), 13))
-    w = draw(st.integers(max(1, (kw - 1) * dw + 1 - pl - pr), 13))
-    dtype = draw(st.sampled_from([np.float32, np.float64]))
-    return groups, cg, mult, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, h, w, dtype
-
-
-@settings(max_examples=60, deadline=None)
-@given(thin_group_geometry(), st.integers(0, 2**31 - 1))
-def test_flat_direct_kernel_matches_the_loop_nest(geom, seed):
-    # the flat stride-phase kernel (host 1-D/2-D grouped convolutions and byoc-cpu's conv_direct)
-    # sums in the loop nest's order: bit-identical, every output written, nothing outside it
-    from byoc.kernels.conv import _conv_direct, _direct2d
-
-    groups, cg, mult, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, h, w, dtype = geom
-    c, m = groups * cg, groups * mult
-    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
-    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(c * h * w).astype(dtype)
-    wt = rng.standard_normal(m * cg * kh * kw).astype(dtype)
-    bias = rng.standard_normal(m).astype(dtype)
-    want = np.zeros((1, m, 1, oh, ow), dtype)
-    _conv_direct(x.reshape(1, c, 1, h, w), wt.reshape(m, cg, 1, kh, kw), bias, True, groups, 1, sh, sw, 1, dh, dw,
-                 0, pt, pl, 0, m, want)
-    m0 = int(rng.integers(0, m))
-    m1 = int(rng.integers(m0 + 1, m + 1))
-    got = np.full(5 + m * oh * ow + 3, np.nan, dtype)
-    _direct2d(x, 0, c, h, w, wt, 0, m, cg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, m0, m1, bias, True, got, 5)
-    body = got[5:5 + m * oh * ow].reshape(m, oh, ow)
-    np.testing.assert_array_equal(body[m0:m1], want[0, m0:m1, 0])
-    assert np.isnan(body[:m0]).all() and np.isnan(body[m1:]).all()
-    assert np.isnan(got[:5]).all() and np.isnan(got[-3:]).all()
-
-
 @pytest.mark.parametrize("attrs", [
     {"group": 24, "pads": [1, 1, 1, 1], "strides": [2, 2]},
     {"group": 24, "pads": [2, 1, 0, 2], "dilations": [2, 1]},
@@ -336,33 +243,6 @@ def test_depthwise_with_channel_multiplier_matches_onnxruntime(attrs):
     w = rng.standard_normal((2 * g, 24 // g, 3, 3)).astype(np.float32)
     b = rng.standard_normal(2 * g).astype(np.float32)
     check("Conv", [x, w, b], attrs, oracle=run_onnxruntime)
-
-
-def test_depthwise_with_hostile_geometry_keeps_to_the_loop_nest():
-    # pads and dilations that would make the stride-phase planes ~10x the input and output: the
-    # loop nest (no work buffers) runs instead, with the same result
-    from byoc.kernels.conv import direct2d_fits
-
-    assert not direct2d_fits(3, 3, 3, 3, 1, 1, 200, 200, 203, 203)
-    assert direct2d_fits(28, 28, 3, 3, 2, 2, 1, 1, 14, 14)
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((1, 2, 3, 3)).astype(np.float32)
-    w = rng.standard_normal((2, 1, 3, 3)).astype(np.float32)
-    check("Conv", [x, w], {"group": 2, "pads": [300, 300, 300, 300], "dilations": [200, 200]},
-          oracle=run_onnxruntime)
-
-
-def test_strategy_rules_are_shared_with_byoc_cpu():
-    """The host kernels and byoc-cpu's lowering take one rule set for Winograd and shift."""
-    from byoc.kernels import conv as C
-
-    assert C.winograd_tile(64, 64, 56, 56) == 0  # ResNet-50's res2: transforms weigh as much as GEMMs
-    assert C.winograd_tile(128, 128, 56, 56) == 4  # VGG-19's 56x56 layers
-    assert C.winograd_tile(64, 64, 224, 224) == 4  # any channels on big planes
-    assert C.winograd_tile(256, 256, 14, 14) == 0  # F(2x2) measured slower than shift
-    assert C.shift_pays(64, 64) and C.shift_pays(128, 512) and not C.shift_pays(32, 128)
-    lower = pytest.importorskip("byoc_cpu.lower")
-    assert lower.winograd_tile is C.winograd_tile and lower.shift_pays is C.shift_pays
 
 
 def _patches_by_definition(x, kdims, strides, dils, pads_lo, pads_hi, out_sp, r0, r1):
@@ -413,33 +293,6 @@ def test_flat_im2col_matches_its_definition(c, h, w, kh, kw, sh, sw, dh, dw, pt,
     assert np.isnan(got[:3]).all() and np.isnan(got[3 + size:]).all()
 
 
-@SETTINGS
-@given(c=st.integers(1, 3), d=st.integers(1, 5), h=st.integers(1, 6), w=st.integers(1, 6),
-       k=st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3)),
-       s=st.tuples(st.integers(1, 3), st.integers(1, 2), st.integers(1, 3)),
-       dl=st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 2)),
-       lo=st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)),
-       hi=st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)), data=st.data())
-def test_volume_im2col_matches_its_definition(c, d, h, w, k, s, dl, lo, hi, data):
-    """The one patch-matrix kernel on 3-D windows (the host's 3-D convolutions): any block of
-    rows of the (OD*OH) row space, including blocks that cross output depths."""
-    from byoc.kernels import conv as C
-
-    od, oh, ow = ((n + a + b - (kk - 1) * q - 1) // st_ + 1 for n, a, b, kk, q, st_ in
-                  zip((d, h, w), lo, hi, k, dl, s))
-    if min(od, oh, ow) <= 0:
-        return
-    r0 = data.draw(st.integers(0, od * oh - 1))
-    r1 = data.draw(st.integers(r0 + 1, od * oh))
-    x = np.random.default_rng(1).standard_normal(5 + c * d * h * w).astype(np.float32)
-    size = c * k[0] * k[1] * k[2] * (r1 - r0) * ow
-    got = np.full(size + 4, np.nan, np.float32)
-    C._im2col_rows(x, 5, c, d, h, w, *k, *s, *dl, *lo, oh, ow, r0, r1, got, 2)
-    want = _patches_by_definition(x[5:].reshape(c, d, h, w), k, s, dl, lo, hi, (od, oh, ow), r0, r1)
-    assert np.array_equal(got[2:2 + size], want.reshape(-1))
-    assert np.isnan(got[:2]).all() and np.isnan(got[2 + size:]).all()
-
-
 @pytest.mark.parametrize("depth, strides", [(2, [2, 1, 2]), (3, [3, 2, 1]), (1, [1, 2, 2])])
 def test_conv3d_one_output_depth_strided(depth, strides):
     """A 3-D convolution with one output depth from an input deeper than 1 and strides in the
@@ -449,3 +302,28 @@ def test_conv3d_one_output_depth_strided(depth, strides):
     x = rng.standard_normal((2, 5, depth, 3, 4)).astype(np.float32)
     w = rng.standard_normal((3, 5, 1, 2, 2)).astype(np.float32)
     check("Conv", [x, w], {"strides": strides, "kernel_shape": [1, 2, 2], "pads": [0] * 6}, const=(1,))
+
+
+@SETTINGS
+@given(c=st.integers(1, 3), d=st.integers(1, 5), h=st.integers(1, 6), w=st.integers(1, 6),
+       k=st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3)),
+       s=st.tuples(st.integers(1, 3), st.integers(1, 2), st.integers(1, 3)),
+       dl=st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 2)),
+       lo=st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)),
+       hi=st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)))
+def test_volume_im2col_matches_its_definition(c, d, h, w, k, s, dl, lo, hi):
+    """The reference's patch matrix of one image (1-D to 3-D windows) is its definition, and it
+    writes nothing outside it."""
+    from byoc.kernels import conv as C
+
+    od, oh, ow = ((n + a + b - (kk - 1) * q - 1) // st_ + 1 for n, a, b, kk, q, st_ in
+                  zip((d, h, w), lo, hi, k, dl, s))
+    if min(od, oh, ow) <= 0:
+        return
+    x = np.random.default_rng(1).standard_normal(5 + c * d * h * w).astype(np.float32)
+    size = c * k[0] * k[1] * k[2] * od * oh * ow
+    got = np.full(size + 4, np.nan, np.float32)
+    C._im2col(x, 5, c, d, h, w, *k, *s, *dl, *lo, od, oh, ow, got, 2)
+    want = _patches_by_definition(x[5:].reshape(c, d, h, w), k, s, dl, lo, hi, (od, oh, ow), 0, od * oh)
+    assert np.array_equal(got[2:2 + size], want.reshape(-1))
+    assert np.isnan(got[:2]).all() and np.isnan(got[2 + size:]).all()

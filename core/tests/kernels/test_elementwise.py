@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from byoc.errors import KernelError
+from kernels import serial as serial_ranges, splitting
 from byoc.kernels import elementwise as E
 from byoc.kernels.registry import NodeSpec, make_kernel
 from byoc.testing.oracle import assert_close, run_byoc, run_reference, single_node_model
@@ -371,44 +372,30 @@ def test_parallel_split_matches_serial(sa, sb):
     a = rand(rng, sa, np.float32)
     b = rand(rng, sb, np.float32)
     run = make_kernel(NodeSpec("Mul", n_inputs=2))
-    saved = E.parallel_workers(), E.PARALLEL_MIN_ELEMENTS, E.PARALLEL_MIN_CHUNK
-    try:
-        E.set_parallelism(workers=1)
+    with serial_ranges():
         serial = run(a, b)[0]
-        E.set_parallelism(workers=3, min_elements=1000, min_chunk=1000)
+    with splitting(3):
         parallel = run(a, b)[0]
-    finally:
-        E.set_parallelism(*saved)
     np.testing.assert_array_equal(serial, parallel)
     np.testing.assert_array_equal(serial, a * b)
 
 
-def test_run_ranges_splits_large_work_and_keeps_small_work_serial():
-    import threading
+def test_run_ranges_runs_serially_without_a_runner_and_hands_work_to_one():
+    from byoc.kernels import parallel
 
     seen = []
-    lock = threading.Lock()
-
-    def record(s, e):
-        with lock:
-            seen.append((s, e))
-
-    saved = E.parallel_workers(), E.PARALLEL_MIN_ELEMENTS, E.PARALLEL_MIN_CHUNK
+    with serial_ranges():
+        parallel.run_ranges(lambda s, e: seen.append((s, e)), 10_000, ())
+    assert seen == [(0, 10_000)]
+    calls = []
+    previous = parallel._runner
+    parallel.use(lambda fn, n, args, cost: calls.append((n, cost)) or fn(*args, 0, n))
     try:
-        E.set_parallelism(workers=3, min_elements=1000, min_chunk=100)
-        E.run_ranges(record, 10_000, ())
-        seen.sort()
-        assert len(seen) > 1 and seen[0][0] == 0 and seen[-1][1] == 10_000
-        assert all(a[1] == b[0] for a, b in zip(seen, seen[1:]))  # disjoint, no gaps
-        seen.clear()
-        E.run_ranges(record, 999, ())
-        assert seen == [(0, 999)]
-        seen.clear()
-        E.set_parallelism(workers=1)
-        E.run_ranges(record, 10_000, ())
-        assert seen == [(0, 10_000)]
+        parallel.run_ranges(lambda s, e: seen.append((s, e)), 500, (), unit_cost=7)
+        parallel.run_ranges(lambda s, e: seen.append((s, e)), 1, ())  # one unit: never handed out
     finally:
-        E.set_parallelism(*saved)
+        parallel.use(previous)
+    assert calls == [(500, 7)] and seen[1:] == [(0, 500), (0, 1)]
 
 
 def test_readonly_and_noncontiguous_inputs():
@@ -480,17 +467,13 @@ def test_pool_survives_fork():
     if "fork" not in mp.get_all_start_methods():
         pytest.skip("no fork on this platform")
     x = np.ones(1 << 20, np.float32)  # large enough to be split across the pool
-    saved = E.parallel_workers(), E.PARALLEL_MIN_ELEMENTS, E.PARALLEL_MIN_CHUNK
-    E.set_parallelism(workers=2, min_elements=1000, min_chunk=1000)
-    try:
+    with splitting(2):
         run = make_kernel(NodeSpec("Add", n_inputs=2))
         run(x, x)  # the pool exists now
         ctx = mp.get_context("fork")
         with ctx.Pool(1) as pool:
             total = pool.apply_async(_sum_in_child, (x,)).get(timeout=60)
         assert total == 2.0 * x.size
-    finally:
-        E.set_parallelism(*saved)
 
 
 def _sum_in_child(x):

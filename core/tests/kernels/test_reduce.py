@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from byoc.errors import KernelError
-from byoc.kernels import elementwise as E
+from kernels import serial as serial_ranges, splitting
 from byoc.kernels import reduce as R
 from byoc.kernels.registry import NodeSpec, make_kernel
 from byoc.testing.oracle import assert_close, run_byoc, run_reference, single_node_model
@@ -166,14 +166,10 @@ def test_large_float32_sums_are_accurate_and_parallel_matches_serial():
     x = np.random.default_rng(0).uniform(0, 1, size=(64, 4096, 3)).astype(np.float32)
     run = make_kernel(NodeSpec("ReduceSum", n_inputs=2))
     axes = np.array([1], np.int64)
-    saved = E.parallel_workers(), E.PARALLEL_MIN_ELEMENTS, E.PARALLEL_MIN_CHUNK
-    try:
-        E.set_parallelism(workers=1)
+    with serial_ranges():
         serial = run(x, axes)[0]
-        E.set_parallelism(workers=3, min_elements=1000, min_chunk=1000)
+    with splitting(3):
         parallel = run(x, axes)[0]
-    finally:
-        E.set_parallelism(*saved)
     np.testing.assert_array_equal(serial, parallel)
     exact = x.astype(np.float64).sum(axis=1, keepdims=True)
     np.testing.assert_allclose(serial, exact, rtol=1e-6)

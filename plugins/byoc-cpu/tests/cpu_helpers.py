@@ -67,3 +67,12 @@ def onnxruntime_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> lis
 
 def cpu_nodes(cm) -> int:
     return sum(r.device == "cpu" for r in cm.records.values())
+
+
+def host_kernel(spec):
+    """The run function byoc-cpu's host executor gives the node (byoc's reference kernel where
+    the executor declines it), as a plan built with byoc-cpu installed would."""
+    from byoc.kernels import make_kernel
+    from byoc_cpu.host import executor
+
+    return executor().kernel(spec) or make_kernel(spec)

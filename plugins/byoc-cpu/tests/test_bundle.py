@@ -259,7 +259,7 @@ def test_verifier_refuses_a_blocked_conv_reaching_past_its_buffers(monkeypatch, 
     # conv8 / conv16 args: cb, plane, wq, hq, sh, sw, kh, kw, m, ldc, mb0, mb1, r0, r1, ow; each change
     # reads or writes past a buffer (positions, the plane's slack, channel blocks, the weights, the
     # output, the phase planes) or divides by zero (a stride of 0)
-    monkeypatch.setattr("byoc.kernels.blocked.WIDE", wide)
+    monkeypatch.setattr("byoc_cpu.host.blocked.WIDE", wide)
     rng = np.random.default_rng(0)
     model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])], {"x": (1, 16, 12, 12)},
                        ["y"], {"W": rng.standard_normal((32, 16, 3, 3)).astype(np.float32)})
@@ -271,7 +271,7 @@ def test_verifier_refuses_a_blocked_conv_reaching_past_its_buffers(monkeypatch, 
 def test_verifier_refuses_a_strided_blocked_conv_reaching_past_its_buffers(monkeypatch, kind, index, value):
     # reorder8 args: c, h, w, plane, hq, wq, sh, sw, pt, pl (stride phases: planes of hq x wq);
     # conv16 with taller phase planes reads past its input; a stride of 0 divides by zero
-    monkeypatch.setattr("byoc.kernels.blocked.WIDE", True)
+    monkeypatch.setattr("byoc_cpu.host.blocked.WIDE", True)
     rng = np.random.default_rng(2)
     model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1])],
                        {"x": (1, 16, 12, 12)}, ["y"], {"W": rng.standard_normal((32, 16, 3, 3)).astype(np.float32)})

@@ -11,7 +11,7 @@ import pytest
 from cpu_helpers import compile_cpu, make_model, onnxruntime_run
 from onnx import helper
 
-from byoc.kernels.gemm import FULL_WIDTH
+from byoc_cpu.host.gemm import FULL_WIDTH
 from byoc_cpu import runtime
 from byoc_cpu.emit import native_program
 

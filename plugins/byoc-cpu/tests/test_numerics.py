@@ -158,10 +158,10 @@ def test_conv_with_epilogues_matches_onnxruntime(case):
 @given(conv_models())
 def test_conv_on_the_core_micro_kernel_matches_onnxruntime(case):
     # the packed GEMM byoc-cpu runs where the CPU has AVX-512 is the core's
-    # (byoc.kernels.gemm.gemm_table); force it here whatever this machine has
+    # (byoc_cpu.host.gemm.gemm_table); force it here whatever this machine has
     model, feeds, strategy = case
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("byoc.kernels.gemm.FULL_WIDTH", True)
+        mp.setattr("byoc_cpu.host.gemm.FULL_WIDTH", True)
         cpu = compile_cpu(model, conv_strategy=strategy)
         got = cpu.run(feeds)
     assert_close(got, onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
@@ -169,7 +169,7 @@ def test_conv_on_the_core_micro_kernel_matches_onnxruntime(case):
 
 @pytest.mark.parametrize("strategy", ["shift", "im2col"])
 def test_core_micro_kernel_is_the_one_called(strategy):
-    import byoc.kernels.gemm as core_gemm
+    import byoc_cpu.host.gemm as core_gemm
 
     rng = np.random.default_rng(3)
     model = make_model([helper.make_node("Conv", ["x", "W", "B"], ["y"], pads=[1, 1, 1, 1])], {"x": (1, 16, 12, 12)},
@@ -215,7 +215,7 @@ def test_blocked_conv_matches_onnxruntime(wide, case):
     # where the CPU has no AVX-512)
     model, feeds, threads = case
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("byoc.kernels.blocked.WIDE", wide)
+        mp.setattr("byoc_cpu.host.blocked.WIDE", wide)
         cpu = compile_cpu(model, conv_strategy="blocked", threads=threads)
     assert_close(cpu.run(feeds), onnxruntime_run(model, feeds), rtol=1e-4, atol=1e-4)
 
@@ -227,9 +227,9 @@ def test_auto_takes_the_blocked_kernel_where_it_applies(wide, kind):
                        ["y"], {"W": (rng.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32)})
     feeds = {"x": rng.standard_normal((1, 16, 30, 30)).astype(np.float32)}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("byoc.kernels.blocked.PAYS", True)  # the rule where the kernel pays, on any CPU
-        mp.setattr("byoc.kernels.blocked.WIDE", wide)
-        mp.setattr("byoc.kernels.blocked._ENV", "")
+        mp.setattr("byoc_cpu.host.blocked.PAYS", True)  # the rule where the kernel pays, on any CPU
+        mp.setattr("byoc_cpu.host.blocked.WIDE", wide)
+        mp.setattr("byoc_cpu.host.blocked._ENV", "")
         cpu = compile_cpu(model, threads=2)
     (region,) = cpu.regions
     assert "conv, blocked" in region.artifact.metadata["source"]
@@ -256,7 +256,7 @@ def test_blocked_kernel_applies_add_and_relu_as_it_stores(tail, ep):
     feeds = {"x": rng.standard_normal((2, 32, 6, 20)).astype(np.float32),
              "s": rng.standard_normal((2, 32, 1, 20)).astype(np.float32)}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("byoc.kernels.blocked.WIDE", True)
+        mp.setattr("byoc_cpu.host.blocked.WIDE", True)
         cpu = compile_cpu(model, conv_strategy="blocked", threads=2)
     (region,) = cpu.regions
     steps = [s for s in _flat(region.artifact.metadata["program"]["steps"]) if s["kind"] == "conv16"]
@@ -289,7 +289,7 @@ def test_conv_writes_over_a_residual_that_dies_there(later, placed):
     model = make_model(nodes, {"x": (2, 32, 6, 20)}, outs, w)
     feeds = {"x": rng.standard_normal((2, 32, 6, 20)).astype(np.float32)}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("byoc.kernels.blocked.WIDE", True)
+        mp.setattr("byoc_cpu.host.blocked.WIDE", True)
         cpu = compile_cpu(model, conv_strategy="blocked", threads=2)
     (region,) = cpu.regions
     steps = [s for s in _flat(region.artifact.metadata["program"]["steps"]) if s["kind"] == "conv16" and s["args"][-1] == 3]
@@ -307,9 +307,9 @@ def test_rgb_stem_takes_the_wide_blocked_kernel(n):
                         "B": rng.standard_normal(64).astype(np.float32)})
     feeds = {"x": rng.standard_normal((n, 3, 33, 31)).astype(np.float32)}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("byoc.kernels.blocked.PAYS", True)
-        mp.setattr("byoc.kernels.blocked.WIDE", True)
-        mp.setattr("byoc.kernels.blocked._ENV", "")
+        mp.setattr("byoc_cpu.host.blocked.PAYS", True)
+        mp.setattr("byoc_cpu.host.blocked.WIDE", True)
+        mp.setattr("byoc_cpu.host.blocked._ENV", "")
         cpu = compile_cpu(model, threads=2)
     (region,) = cpu.regions
     assert "K.conv16(" in region.artifact.metadata["source"]
@@ -510,7 +510,7 @@ def test_winograd_with_epilogue_matches_onnxruntime(n, side, pads):
     """3x3 stride-1 convolutions through the core's Winograd: F(4x4) from a 40-pixel output side
     (chosen by "auto" where the GEMMs are OpenBLAS's and channels in x out reach 64 x 128), F(2x2)
     below (forced)."""
-    from byoc.kernels.gemm import FULL_WIDTH
+    from byoc_cpu.host.gemm import FULL_WIDTH
 
     rng = np.random.default_rng(side)
     c, m = (64, 128) if side >= 40 else (16, 24)

@@ -41,6 +41,7 @@ from byoc.contract.options import bundle_options
 from byoc.plugins import PluginFault, get_registry
 from byoc.runtime import jitinit
 from byoc.runtime.compiled import CompiledModel
+from byoc.plugins import host_executor
 from byoc.runtime.plan import build_plan
 from byoc.runtime.specialize import ShapeKey, Specializer, has_symbolic_inputs, shape_key
 from byoc.runtime.subgraph import host_callable
@@ -275,7 +276,7 @@ class _Loader:
                 rec.device, rec.fallback = "host", self.host_fallback[rec.region]
         try:
             plan = build_plan(model.graph, budget=self.budget, step_factory=region_step_factory(compiled_regions),
-                              fuse=True)
+                              fuse=True, host=host_executor())
         except ByocError as exc:
             raise self.fail(f"member {host_graph!r}: {type(exc).__name__}: {exc}") from None
         cm = CompiledModel(

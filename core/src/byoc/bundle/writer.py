@@ -37,7 +37,7 @@ from byoc.errors import BundleError
 from byoc.contract import HOOK_API_VERSION
 
 if TYPE_CHECKING:  # pragma: no cover
-    from byoc.runtime.compiled import CompiledModel
+    from byoc.runtime.protocols import CompiledView as CompiledModel
 
 #: a fixed timestamp keeps bundles byte-identical across saves
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)

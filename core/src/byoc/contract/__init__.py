@@ -10,11 +10,13 @@ Everything a plugin needs is here; the rest of the core may change without a ven
   :func:`tail`, :class:`Match`, :class:`PatternExpr` (:mod:`byoc.contract.patterns`)
 * faults and the errors a plugin may raise: :class:`PluginFault`, :class:`OptionError`,
   :class:`PluginError`, :class:`InputError`, :class:`QuantizationError`, ...
+* host execution: :class:`HostExecutor`, :class:`Fusion`, :class:`NodeSpec`
+  (:mod:`byoc.contract.host`)
 * shared helpers: :func:`attr`, :func:`input_at`, :func:`region_model_bytes`,
   :func:`host_callable` (:mod:`byoc.contract.helpers`)
 
 Other public APIs a plugin may use: ``byoc`` (compile/load, for tests and tools),
-``byoc.kernels`` (the host kernels and ``byoc.kernels.threads``, byoc's thread pool),
+``byoc.kernels`` (the reference kernels: ``make_kernel``, ``is_supported``, ``kernel``),
 ``byoc.quantize`` (the shared int8 quantiser) and, in tests only, ``byoc.testing``.
 """
 
@@ -33,6 +35,7 @@ from byoc.contract.options import Option, resolve_options
 from byoc.contract.hookspecs import hookimpl, hookspec
 from byoc.contract.patterns import Match, PatternExpr, alt, any_value, const, op, tail
 from byoc.contract.faults import PluginFault
+from byoc.contract.host import Fusion, HostExecutor, NodeSpec
 from byoc.contract.helpers import attr, host_callable, input_at, region_model_bytes
 from byoc.errors import (
     ByocError,
@@ -49,9 +52,12 @@ __all__ = [
     "REGION_OP",
     "Artifact",
     "ByocError",
+    "Fusion",
+    "HostExecutor",
     "InputError",
     "KernelError",
     "Match",
+    "NodeSpec",
     "Option",
     "OptionError",
     "Pattern",

@@ -39,6 +39,7 @@ from byoc.contract.types import HOOK_API_VERSION
 if TYPE_CHECKING:  # pragma: no cover
     import onnx_ir as ir
 
+    from byoc.contract.host import HostExecutor
     from byoc.contract.types import Artifact, Pattern, Region, Rule, Target
 
 hookspec = pluggy.HookspecMarker("byoc")
@@ -60,6 +61,18 @@ def byoc_register_targets(register: Callable[["Target"], None], extend: Callable
     :param extend: ``extend("other")`` declares that this plugin adds to target ``"other"``
         (registered by another plugin): byoc then calls this plugin's target-scoped hooks for
         ``"other"`` too (extra operators, patterns, rules, passes).
+    """
+
+
+@hookspec
+def byoc_register_host_executor(register: Callable[["HostExecutor"], None]) -> None:
+    """Offer a CPU executor for the host's nodes (the nodes no target took).
+
+    Called once when the plugin manager is built, in every plugin. The installed executor with
+    the highest priority serves every host node it accepts; byoc's reference kernels run the
+    rest (see :mod:`byoc.contract.host`).
+
+    :param register: call it with a :class:`byoc.contract.HostExecutor`.
     """
 
 
@@ -190,6 +203,7 @@ __all__ = [
     "byoc_cost",
     "byoc_post_partition",
     "byoc_pre_partition",
+    "byoc_register_host_executor",
     "byoc_register_operators",
     "byoc_register_patterns",
     "byoc_register_rules",

@@ -1,4 +1,5 @@
-"""Numba reference kernels, one module per operator family.
+"""byoc's reference kernels: one plain implementation per operator (Numba loops, numpy where it
+is the natural tool), one module per operator family; the conformance kit's oracle.
 
 Importing this package (or any module in it) registers every kernel in
 :mod:`byoc.kernels.registry`. If, Loop and Scan are not kernels: the execution plan runs their
@@ -31,4 +32,6 @@ from byoc.kernels import (  # noqa: E402,F401  isort: skip
     quant,
 )
 
-__all__ = ["PLAN_OPERATORS", "NodeSpec", "get_factory", "is_supported", "kernel", "make_kernel", "supported_ops"]
+from byoc.kernels.conv import im2col  # noqa: E402  the flat 2-D patch matrix, for plugins
+
+__all__ = ["PLAN_OPERATORS", "im2col", "NodeSpec", "get_factory", "is_supported", "kernel", "make_kernel", "supported_ops"]

@@ -17,12 +17,9 @@ This module also holds the machinery the activation and reduce families share:
   plan is flat (same-shape operands, or a scalar one), chunked over the same pool: the same
   bits, about as fast on these memory-bound loops, and no Numba compilation on a first run.
   Broadcasting plans keep the Numba kernels (numpy's broadcasting loops measured 2.5-3.3x slower).
-* **Parallelism** (:func:`run_ranges`): kernels are compiled with ``nogil=True``; a large range is
-  cut into chunks for the kernel package's shared thread pool
-  (:func:`byoc.kernels.threads.parallel_for`), a small one (under :data:`PARALLEL_MIN_ELEMENTS`
-  of work) runs on the calling thread. No Numba threading layer is used (no ``parallel=True``):
-  no spinning OpenMP workers next to BLAS, no workqueue-layer crashes under concurrent calls,
-  and the policy is three numbers: :func:`set_parallelism`.
+* **Parallelism** (:func:`byoc.kernels.parallel.run_ranges`): kernels are compiled with
+  ``nogil=True`` and compute ranges of the output; a host executor that lends its threads
+  splits large ranges, otherwise each runs in one call.
 * **Fast float32 math**: :func:`fexp`, :func:`ftanh`, :func:`ferf` are vectorisable float32
   versions (a few ulp) for the kernels of this and the activation/reduce modules.
 
@@ -43,72 +40,11 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
-from llvmlite import ir as llvm_ir
 from numba import types
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
-from byoc.kernels import threads as _threads
+from byoc.kernels.parallel import run_ranges
 from byoc.kernels.registry import NodeSpec, kernel
-
-# --------------------------------------------------------------------------------------------
-# parallel policy
-# --------------------------------------------------------------------------------------------
-
-#: work (elements touched; transcendental functions count several per element) below which a
-#: kernel runs in one call on the calling thread. Measured on the shared 2-core machine: below
-#: ~1M float32 elements a second thread did not pay for its hand-off, and often not above.
-PARALLEL_MIN_ELEMENTS = 1 << 20
-#: smallest share of work handed to one thread
-PARALLEL_MIN_CHUNK = 1 << 18
-
-_workers: int | None = None  # None: the shared pool's size
-
-
-def set_parallelism(
-    workers: int | None = None, min_elements: int | None = None, min_chunk: int | None = None
-) -> None:
-    """Tune the splitting of the elementwise/activation/reduce kernels: ``workers`` (1 = serial;
-    default: the size of the shared pool), the work from which they split, and the least work
-    per chunk. ``None`` keeps a value."""
-    global _workers, PARALLEL_MIN_ELEMENTS, PARALLEL_MIN_CHUNK
-    if workers is not None:
-        _workers = max(1, int(workers))
-    if min_elements is not None:
-        PARALLEL_MIN_ELEMENTS = max(1, int(min_elements))
-    if min_chunk is not None:
-        PARALLEL_MIN_CHUNK = max(1, int(min_chunk))
-
-
-def parallel_workers() -> int:
-    """The number of threads :func:`run_ranges` splits for."""
-    global _workers
-    if _workers is None:
-        _workers = _threads.num_threads()
-    return _workers
-
-
-def run_ranges(fn: Callable, n_units: int, args: tuple, unit_cost: int = 1) -> None:
-    """Call ``fn(*args, start, stop)`` so that the ranges cover ``[0, n_units)``.
-
-    ``fn`` must be a ``nogil`` kernel writing disjoint outputs per unit. ``unit_cost`` is the
-    number of elements one unit touches; small work runs in one call on this thread. Large
-    work is cut into chunks for the kernel package's shared pool
-    (:func:`byoc.kernels.threads.parallel_for`: the calling thread claims chunks too, so a
-    helper that is not scheduled costs nothing).
-    """
-    work = n_units * max(1, unit_cost)
-    workers = parallel_workers()
-    if workers <= 1 or n_units < 2 or work < PARALLEL_MIN_ELEMENTS:
-        fn(*args, 0, n_units)
-        return
-    # with work claiming, a few chunks per thread even out threads that start late
-    k = int(min(workers * 4, n_units, max(1, work // PARALLEL_MIN_CHUNK)))
-    if k <= 1:
-        fn(*args, 0, n_units)
-        return
-    bounds = [n_units * i // k for i in range(k + 1)]
-    _threads.parallel_for(lambda i: fn(*args, bounds[i], bounds[i + 1]), k)
-
 
 # --------------------------------------------------------------------------------------------
 # input preparation and broadcast plans
@@ -352,21 +288,10 @@ def unary_loop(f, x, out, p0, p1, start, stop):
 # --------------------------------------------------------------------------------------------
 
 
-@intrinsic
-def _bits_as_float32(typingctx, v):
-    """Reinterpret the low 32 bits of an integer as a float32 (an LLVM bitcast)."""
-    if not isinstance(v, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        val = args[0]
-        if v.bitwidth > 32:
-            val = builder.trunc(val, llvm_ir.IntType(32))
-        elif v.bitwidth < 32:
-            val = builder.sext(val, llvm_ir.IntType(32))
-        return builder.bitcast(val, llvm_ir.FloatType())
-
-    return types.float32(v), codegen
+@_inline
+def _bits_as_float32(v):
+    """The float32 whose bits are the low 32 bits of the integer ``v``."""
+    return np.int32(v).view(np.float32)
 
 
 _F = np.float32

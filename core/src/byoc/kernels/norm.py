@@ -11,20 +11,14 @@ import math
 import numba
 import numpy as np
 
-from byoc.kernels import threads
-from byoc.kernels.gemm import compute_dtype, split
+from byoc.kernels.elementwise import compute_dtype
+from byoc.kernels.parallel import run_blocks
 from byoc.kernels.registry import NodeSpec, kernel
 
 
-# below this many elements a kernel runs on the calling thread alone
-_PARALLEL_MIN_ELEMENTS = 1 << 16
-
-
 def _over_pool(fn, n: int, size: int) -> None:
-    """``fn(lo, hi)`` over blocks of ``range(n)``, spread over the thread pool when large."""
-    nt = threads.num_threads() if size >= _PARALLEL_MIN_ELEMENTS else 1
-    blocks = split(n, 2 * nt) if nt > 1 else [(0, n)]
-    threads.parallel_for(lambda i: fn(*blocks[i]), len(blocks))
+    """``fn(lo, hi)`` over blocks of ``range(n)`` (``size`` elements in all)."""
+    run_blocks(fn, n, max(1, size // max(1, n)))
 
 
 def _check_float(spec: NodeSpec, x: np.ndarray, what: str = "X") -> np.dtype:

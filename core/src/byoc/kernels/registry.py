@@ -27,68 +27,14 @@ Example::
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable
 
-import numpy as np
-
-from byoc.budget import DEFAULT_BUDGET, Alloc, Budget
+from byoc.contract.host import NodeSpec, RunFn
 from byoc.errors import ByocError, KernelError, ResourceLimitError
 
-RunFn = Callable[..., Sequence[np.ndarray]]
-Factory = Callable[["NodeSpec"], RunFn]
+Factory = Callable[[NodeSpec], RunFn]
 
 _REGISTRY: dict[tuple[str, str], Factory] = {}
-
-
-@dataclass
-class NodeSpec:
-    """What a kernel factory knows about the node it builds a kernel for."""
-
-    op_type: str
-    name: str = ""
-    domain: str = ""
-    #: opset version of the node's domain in the model (the canonical opset after conversion)
-    opset: int = 21
-    #: attributes as Python values: int, float, str, bytes, lists of those, numpy arrays for
-    #: tensors, and ``onnx_ir.Graph`` for graph attributes
-    attrs: dict[str, Any] = field(default_factory=dict)
-    #: number of input slots (missing optional inputs count, and arrive as ``None``)
-    n_inputs: int = 1
-    #: number of output slots
-    n_outputs: int = 1
-    #: static input shapes/dtypes when known (``None`` entries when unknown)
-    input_shapes: list[tuple | None] = field(default_factory=list)
-    input_dtypes: list[np.dtype | None] = field(default_factory=list)
-    #: which inputs are compile-time constants (value known), for kernels that pre-pack
-    const_inputs: dict[int, np.ndarray] = field(default_factory=dict)
-    budget: Budget = DEFAULT_BUDGET
-    #: outer-scope values the node's subgraphs read (If/Loop/Scan); they arrive after the inputs
-    captured: list[Any] = field(default_factory=list)
-    #: the plan's step factory, used again for the plans of the node's subgraphs (If/Loop/Scan)
-    step_factory: Callable[..., Any] | None = None
-
-    def attr(self, name: str, default: Any = None) -> Any:
-        return self.attrs.get(name, default)
-
-    @property
-    def label(self) -> str:
-        """How error messages name this node."""
-        return f"node {self.name!r} ({self.op_type})" if self.name else f"a {self.op_type} node"
-
-    def check_alloc(self, shape, dtype) -> None:
-        """Raise ``ResourceLimitError`` naming this node if the tensor exceeds the budget."""
-        self.budget.check_alloc(shape, dtype, self.label)
-
-    @functools.cached_property
-    def alloc(self) -> Alloc:
-        """Budgeted numpy allocations for this node (checked first, errors name the node)."""
-        return self.budget.guard(self.label)
-
-    def error(self, message: str) -> KernelError:
-        """A :class:`KernelError` naming this node; ``raise spec.error("...")``."""
-        return KernelError(f"{self.label}: {message}")
 
 
 def kernel(*op_types: str, domain: str = "") -> Callable[[Factory], Factory]:

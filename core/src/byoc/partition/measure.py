@@ -50,6 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from byoc.contract import environment as _env
 from byoc.budget import Budget
 from byoc.codegen import codegen_region
 from byoc.contract.helpers import host_callable
@@ -90,7 +91,7 @@ class Timing:
 
 
 def _cache_path() -> Path:
-    root = os.environ.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
+    root = _env.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
     return Path(root) / _CACHE_FILE
 
 
@@ -211,7 +212,7 @@ def region_hash(region: Region, session: Session) -> str:
 
 
 def cache_key(content: str, device: str, version: str, options: Mapping[str, Any]) -> str:
-    env = {k: os.environ.get(k, "") for k in ("BYOC_OWN_GEMM", "BYOC_NUM_THREADS")}
+    env = {k: _env.get(k) for k in ("BYOC_OWN_GEMM", "BYOC_NUM_THREADS")}
     text = json.dumps([_KEY_VERSION, content, device, version, dict(options), env, machine_fingerprint()],
                       sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()

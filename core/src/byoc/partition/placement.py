@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from byoc.contract import environment as _env
 
 HOST = "host"
 PLACEMENTS = ("priority", "cost", "measure")
@@ -159,7 +160,7 @@ _CACHE_FILE = "host-throughput.json"
 
 
 def _cache_path() -> Path:
-    root = os.environ.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
+    root = _env.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
     return Path(root) / _CACHE_FILE
 
 

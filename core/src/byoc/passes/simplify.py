@@ -27,7 +27,7 @@ def _ceil_mode_pool_shapes(model: ir.Model) -> bool:
     """Correct what ONNX shape inference says of ``ceil_mode`` pooling.
 
     With ``ceil_mode=1`` a window that would start in the trailing padding is dropped (the
-    operator as onnxruntime and byoc's kernels run it, :func:`byoc.kernels.conv.window_geometry`);
+    operator as onnxruntime and byoc's kernels run it, :func:`byoc.contract.geometry.window_geometry`);
     ONNX's shape inference keeps it, one element too many. The output gets the real size, and
     every value computed from it loses its static dims (they were inferred from the wrong size),
     so a declared shape never contradicts what runs.

@@ -16,7 +16,7 @@ from byoc.report.data import SCHEMA_VERSION, report_data
 from byoc.report.export import partitioned_onnx
 
 if TYPE_CHECKING:  # pragma: no cover
-    from byoc.runtime.compiled import CompiledModel
+    from byoc.runtime.protocols import CompiledView as CompiledModel
 
 FORMATS = ("text", "json", "dot", "html")
 

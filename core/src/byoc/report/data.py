@@ -21,7 +21,7 @@ from byoc.report.flops import estimate_flops
 from byoc.contract.types import REGION_DOMAIN, REGION_OP
 
 if TYPE_CHECKING:  # pragma: no cover
-    from byoc.runtime.compiled import CompiledModel
+    from byoc.runtime.protocols import CompiledView as CompiledModel
 
 #: bump on any incompatible change of the document (see ``schema.json``)
 SCHEMA_VERSION = 1

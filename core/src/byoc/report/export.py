@@ -19,7 +19,7 @@ from byoc.errors import ByocError
 from byoc.contract import REGION_DOMAIN, REGION_OP
 
 if TYPE_CHECKING:  # pragma: no cover
-    from byoc.runtime.compiled import CompiledModel
+    from byoc.runtime.protocols import CompiledView as CompiledModel
 
 
 def _region_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:

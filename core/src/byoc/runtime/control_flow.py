@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from byoc.errors import ResourceLimitError
-from byoc.kernels.registry import NodeSpec, RunFn
+from byoc.contract.host import NodeSpec, RunFn
 from byoc.runtime import control
+
+from byoc.runtime.protocols import BodyPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx_ir as ir
 
-    from byoc.runtime.plan import Plan
-
 #: lowers one subgraph of the node to a plan
-BodyPlanner = Callable[["ir.Graph"], "Plan"]
+BodyPlanner = Callable[["ir.Graph"], BodyPlan]
 
 
 def _split_args(spec: NodeSpec, args: tuple) -> tuple[tuple, tuple]:

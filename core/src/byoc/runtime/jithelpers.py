@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 from typing import Any, Callable, Iterator
+from byoc.contract import environment as _env
 
 #: the fewest usable cores with which first runs use helpers by default
 MIN_CORES = 4
@@ -48,7 +49,7 @@ def helper_count() -> int:
     """How many helper processes a first run forks now (0: none)."""
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return 0
-    env = os.environ.get("BYOC_JIT_HELPERS", "").strip()
+    env = _env.get("BYOC_JIT_HELPERS")
     if env:
         try:
             return min(max(0, int(env)), 64)

@@ -14,8 +14,8 @@ it. ``BYOC_JIT_EARLY_INIT=0`` turns it off.
 
 from __future__ import annotations
 
-import os
 import threading
+from byoc.contract import environment as _env
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
@@ -36,7 +36,7 @@ def start() -> threading.Thread | None:
     """Begin Numba's registry set-up on a background thread (once per process); returns the
     thread (``None`` when turned off)."""
     global _thread
-    if os.environ.get("BYOC_JIT_EARLY_INIT", "1") == "0":
+    if _env.get("BYOC_JIT_EARLY_INIT", "1") == "0":
         return None
     with _lock:
         if _thread is None:

@@ -14,9 +14,10 @@ import numpy as np
 import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget
+from byoc.contract.host import Fusion, HostExecutor, NodeSpec, RunFn
 from byoc.errors import ByocError, InputError, KernelError, ResourceLimitError
-from byoc.kernels import threads as _threads
-from byoc.kernels.registry import NodeSpec, RunFn, make_kernel
+from byoc.kernels import parallel as _parallel
+from byoc.kernels.registry import make_kernel
 from byoc.progress import ticker as progress_ticker
 from byoc.runtime import control as _control
 from byoc.runtime import control_flow as _control_flow
@@ -65,7 +66,8 @@ def opset_of(graph: ir.Graph, domain: str, default: int = 21) -> int:
     return imports.get(domain, imports.get("ai.onnx" if domain == "" else domain, default))
 
 
-def node_spec(node: ir.Node, opset: int, budget: Budget = DEFAULT_BUDGET) -> NodeSpec:
+def node_spec(node: ir.Node, opset: int, budget: Budget = DEFAULT_BUDGET,
+              executor: HostExecutor | None = None) -> NodeSpec:
     consts = {}
     for i, v in enumerate(node.inputs):
         if v is not None and v.const_value is not None:
@@ -82,6 +84,7 @@ def node_spec(node: ir.Node, opset: int, budget: Budget = DEFAULT_BUDGET) -> Nod
         input_dtypes=[value_dtype(v) if v is not None else None for v in node.inputs],
         const_inputs=consts,
         budget=budget,
+        executor=executor,
     )
 
 
@@ -114,8 +117,12 @@ class Plan:
         outputs: list[tuple[str, int]],
         constants: list[tuple[int, np.ndarray]],
         extra_slots: Sequence[int] = (),
+        executor: HostExecutor | None = None,
     ):
         self.steps = tuple(steps)
+        #: the CPU executor that serves this plan's host nodes (``None``: the reference kernels)
+        self.executor = executor
+        self._begin = executor.begin_run if executor is not None else None
         self.extra_slots = tuple(extra_slots)
         self.n_slots = n_slots
         self.inputs = tuple(inputs)
@@ -157,7 +164,8 @@ class Plan:
         step = None
         ctrl = _control.current()
         tick = progress_ticker(self)  # set only while a front end shows a first run
-        _threads.wake()  # helpers that sleep since the last run: back to polling for its first kernel
+        if self._begin is not None:
+            self._begin()
         try:
             for step in self.steps:
                 if ctrl is not None:
@@ -228,16 +236,34 @@ def captured_values(graphs: Sequence[ir.Graph]) -> list[ir.Value]:
 
 
 def host_step(spec: NodeSpec) -> RunFn:
-    """The run function the host gives a node: its kernel, or for If/Loop/Scan a step that runs
-    plans of its subgraphs (built with ``spec.step_factory`` and ``spec.captured``)."""
+    """The run function the host gives a node: the executor's kernel (``spec.executor``) or the
+    reference kernel, or for If/Loop/Scan a step that runs plans of its subgraphs (built with
+    ``spec.step_factory`` and ``spec.captured``)."""
     factory = _control_flow.FACTORIES.get(spec.op_type) if spec.domain in ("", "ai.onnx") else None
     if factory is None:
-        return make_kernel(spec)
+        run = _executor_kernel(spec) if spec.executor is not None else None
+        return run if run is not None else make_kernel(spec)
 
     def body_plan(graph: ir.Graph) -> Plan:
-        return build_plan(graph, budget=spec.budget, step_factory=spec.step_factory, captured=spec.captured)
+        return build_plan(graph, budget=spec.budget, step_factory=spec.step_factory, captured=spec.captured,
+                          host=spec.executor)
 
     return factory(spec, body_plan)
+
+
+def _executor_kernel(spec: NodeSpec) -> RunFn | None:
+    """The executor's run function for the node, or ``None`` where it declines it."""
+    executor = spec.executor
+    assert executor is not None
+    try:
+        return executor.kernel(spec)
+    except ByocError:
+        raise
+    except MemoryError as exc:
+        raise ResourceLimitError(f"{spec.label}: out of memory while building the kernel: {exc}") from exc
+    except Exception as exc:
+        raise KernelError(f"{spec.label}: host executor {executor.name!r} (plugin {executor.plugin!r}) cannot "
+                          f"build the kernel: {type(exc).__name__}: {exc}") from exc
 
 
 def build_plan(
@@ -247,6 +273,7 @@ def build_plan(
     step_factory: Callable[[ir.Node, NodeSpec], Callable] | None = None,
     captured: Sequence[ir.Value] = (),
     fuse: bool = False,
+    host: HostExecutor | None = None,
 ) -> Plan:
     """Lower ``graph`` (topologically sorted) to a :class:`Plan`.
 
@@ -256,12 +283,14 @@ def build_plan(
     subgraphs (If, Loop, Scan) receives the values its bodies capture after its own inputs, and
     finds them in ``spec.captured``.
 
-    ``fuse``: a host Conv whose output only a Relu, or only a two-input Add/Sum (then perhaps a
-    Relu), reads becomes one step with them (:func:`byoc.kernels.conv.fused_conv`: the blocked
-    kernel applies them as it stores its tiles, else their own kernels run after it). The fused
-    nodes' outputs other than the last are then never seen, so only callers that observe nothing
-    between nodes ask for it (not calibration, not a kernel wrapper).
+    ``host``: the CPU executor that serves the host's nodes (``None``: the reference kernels).
+    ``fuse``: the executor may run chains of host nodes as one step
+    (:attr:`HostExecutor.fusions <byoc.contract.HostExecutor>`). The fused nodes' outputs other
+    than the last are then never seen, so only callers that observe nothing between nodes ask
+    for it (not calibration, not a kernel wrapper).
     """
+    if host is not None and host.parallel is not None:
+        _parallel.use(host.parallel)
     slots: dict[int, int] = {}  # id(value) -> slot
 
     def slot_of(v: ir.Value) -> int:
@@ -282,17 +311,17 @@ def build_plan(
             constants.append((slot_of(v), v.const_value.numpy()))
 
     nodes = list(graph)
-    chains = _epilogue_chains(nodes, step_factory, graph) if fuse else {}
+    chains = _fusions(nodes, step_factory, graph, host) if fuse and host is not None and host.fusions else {}
     if chains:
-        nodes = _fused_order(nodes, chains)
+        nodes = _fused_order(nodes, {k: f.nodes for k, f in chains.items()})
     node_inputs: list[list[ir.Value | None]] = []
     node_captures: list[list[ir.Value]] = []
     for node in nodes:
         subs = _subgraphs(node)
         caps = captured_values(subs) if subs else []
         node_captures.append(caps)
-        chain = chains.get(id(node))
-        extra = [] if chain is None else [None] * (3 - len(node.inputs)) + [_residual(chain)]  # (x, w, b, res)
+        fusion = chains.get(id(node))
+        extra = [] if fusion is None else [None] * (fusion.arity - len(node.inputs)) + list(fusion.extra_inputs)
         node_inputs.append(list(node.inputs) + extra + caps)
     last_use: dict[int, int] = {}
     for idx, values in enumerate(node_inputs):
@@ -306,23 +335,21 @@ def build_plan(
             releases.setdefault(idx, []).append(slot)
 
     steps = []
-    host_convs: set[int] = set()  # host Conv nodes so far, and the last node of each one's chain
     for idx, node in enumerate(nodes):
         opset = opset_of(graph, node.domain or "")
-        spec = node_spec(node, opset, budget)
+        spec = node_spec(node, opset, budget, host)
         spec.captured = node_captures[idx]
         spec.step_factory = step_factory
         run = step_factory(node, spec) if step_factory is not None else None
-        host = run is None
         if run is None:
             run = host_step(spec)
-        chain = chains.get(id(node))
-        if chain is not None:
-            res = _residual(chain)
-            over = res is not None and _overwritable(res, chain, host_convs, slot_of(res) in releases.get(idx, ()))
-            run = _fused_step(run, chain, graph, budget, over)
-        if host and _standard(node, ("Conv",)):
-            host_convs.update((id(node), id(node if chain is None else chain[-1])))
+        fusion = chains.get(id(node))
+        if fusion is not None:
+            dead = set(releases.get(idx, ()))
+            runs = [run] + [host_step(node_spec(n, opset_of(graph, n.domain or ""), budget, host))
+                            for n in fusion.nodes[1:]]
+            run = fusion.build(runs, lambda v, dead=dead: slot_of(v) in dead)
+        chain = None if fusion is None else fusion.nodes
         steps.append(
             Step(
                 run=run,
@@ -335,59 +362,32 @@ def build_plan(
             )
         )
     outputs = [(v.name, slot_of(v)) for v in graph.outputs]
-    return Plan(steps, len(slots), input_slots, outputs, constants, extra_slots)
+    return Plan(steps, len(slots), input_slots, outputs, constants, extra_slots, host)
 
 
-def _only_reader(v: ir.Value) -> ir.Node | None:
-    """The one node that reads ``v`` (once), if ``v`` is not a graph output and nothing else reads it."""
-    if v.is_graph_output():
-        return None
-    uses = list(v.uses())
-    if len(uses) != 1:
-        return None
-    node = uses[0][0]
-    if sum(1 for x in node.inputs if x is v) != 1:
-        return None
-    return node
-
-
-def _standard(node: ir.Node, op_types: tuple[str, ...]) -> bool:
-    return node.domain in ("", "ai.onnx") and node.op_type in op_types
-
-
-def _epilogue_chains(nodes: list[ir.Node], step_factory, graph: ir.Graph) -> dict[int, list[ir.Node]]:
-    """id(Conv) -> [Conv, Relu] | [Conv, Add/Sum] | [Conv, Add/Sum, Relu] for host Convs (float32,
-    one output) whose result only that chain reads."""
+def _fusions(nodes: list[ir.Node], step_factory, graph: ir.Graph, host: HostExecutor) -> dict[int, Fusion]:
+    """id(first node) -> the executor's fusion, for chains of this graph's host nodes."""
     mine = {id(n) for n in nodes}
-    chains: dict[int, list[ir.Node]] = {}
-    taken: set[int] = set()  # an Add of two Convs' outputs joins one chain only
 
-    def host(node: ir.Node) -> bool:
+    def is_host(node: ir.Node) -> bool:
         if id(node) not in mine or _subgraphs(node):
             return False
         return step_factory is None or step_factory(node, node_spec(node, opset_of(graph, node.domain or ""))) is None
 
-    for node in nodes:
-        if (not _standard(node, ("Conv",)) or len(node.outputs) != 1 or not host(node)
-                or value_dtype(node.outputs[0]) != np.float32):
-            continue
-        chain = [node]
-        nxt = _only_reader(node.outputs[0])
-        if (nxt is not None and _standard(nxt, ("Add", "Sum")) and len(nxt.inputs) == 2
-                and all(x is not None for x in nxt.inputs) and id(nxt) not in taken and host(nxt)):
-            chain.append(nxt)
-            nxt = _only_reader(nxt.outputs[0])
-        if nxt is not None and _standard(nxt, ("Relu",)) and host(nxt):
-            chain.append(nxt)
-        if len(chain) > 1:
-            chains[id(node)] = chain
-            taken.update(id(n) for n in chain[1:])
-    return chains
+    out: dict[int, Fusion] = {}
+    taken: set[int] = set()
+    for fusion in host.fusions(nodes, is_host) or ():
+        if not isinstance(fusion, Fusion) or len(fusion.nodes) < 2 or any(id(n) in taken for n in fusion.nodes):
+            raise KernelError(f"host executor {host.name!r} (plugin {host.plugin!r}) returned an invalid fusion "
+                              f"({fusion!r:.200})")
+        taken.update(id(n) for n in fusion.nodes)
+        out[id(fusion.nodes[0])] = fusion
+    return out
 
 
 def _fused_order(nodes: list[ir.Node], chains: dict[int, list[ir.Node]]) -> list[ir.Node]:
-    """The plan's nodes with each epilogue chain as its Conv, which runs where the chain's last
-    node stood (an Add's other input, a shortcut say, may come after the Conv)."""
+    """The plan's nodes with each fused chain as its first node, which runs where the chain's
+    last node stood (a value the chain reads besides its first node's inputs may come later)."""
     absorbed = {id(n) for chain in chains.values() for n in chain[1:]}
     by_last = {id(chain[-1]): chain for chain in chains.values()}
     order: list[ir.Node] = []
@@ -397,45 +397,6 @@ def _fused_order(nodes: list[ir.Node], chains: dict[int, list[ir.Node]]) -> list
         elif id(node) not in absorbed and id(node) not in chains:
             order.append(node)
     return order
-
-
-def _residual(chain: list[ir.Node]) -> ir.Value | None:
-    """The Add/Sum's other input in an epilogue chain (``None`` without an Add/Sum)."""
-    if len(chain) < 2 or chain[1].op_type == "Relu":
-        return None
-    conv_out = chain[0].outputs[0]
-    return next(x for x in chain[1].inputs if x is not conv_out)
-
-
-def _overwritable(res: ir.Value, chain: list[ir.Node], host_convs: set[int], dies: bool) -> bool:
-    """Whether the chain's Conv may write its output over the chain's residual ``res``: it dies
-    at this step (``dies``) and is a buffer that nothing else can see: the output of a host Conv
-    step before it (a fresh array, not a view; ``host_convs``: those Conv nodes and the last node
-    of each one's chain), read only by host Convs (which keep no view of their input) and this
-    chain's Add, not the Conv's own input, not a graph output, input or constant."""
-    if (not dies or res.is_graph_output() or res.is_graph_input() or res.is_initializer()
-            or res.const_value is not None
-            or any(x is res for x in chain[0].inputs)):
-        return False
-    producer = res.producer()
-    if producer is None or id(producer) not in host_convs:
-        return False
-    return all(node is chain[1] or id(node) in host_convs for node, _ in res.uses())
-
-
-def _fused_step(conv_run: RunFn, chain: list[ir.Node], graph: ir.Graph, budget: Budget, over: bool = False) -> RunFn:
-    """The Conv's run function with its chain's Add/Sum and Relu as its epilogue (``over``: its
-    output may be written over the residual, see :func:`_overwritable`)."""
-    from byoc.kernels.conv import fused_conv
-
-    add = relu = None
-    for node in chain[1:]:
-        run = make_kernel(node_spec(node, opset_of(graph, node.domain or ""), budget))
-        if node.op_type == "Relu":
-            relu = run
-        else:
-            add = run
-    return fused_conv(conv_run, add, relu, over=over)
 
 
 def check_feeds(specs: Sequence[InputSpec], feeds: dict[str, Any],

@@ -12,6 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget
+from byoc.plugins import host_executor
 from byoc.runtime.plan import Plan, build_plan
 
 
@@ -24,8 +25,9 @@ class HostCallable:
             model = onnx.ModelProto.FromString(bytes(model))
         if isinstance(model, onnx.ModelProto):
             model = ir.from_proto(model)
-        # no wrapper between the nodes: the host may fuse epilogues into convolutions
-        self.plan: Plan = build_plan(model.graph, budget=budget, step_factory=step_factory, fuse=step_factory is None)
+        # no wrapper between the nodes: the host executor may fuse chains of nodes
+        self.plan: Plan = build_plan(model.graph, budget=budget, step_factory=step_factory, fuse=step_factory is None,
+                                     host=host_executor())
         self.input_names = [s.name for s in self.plan.input_specs()]
         self.output_names = self.plan.output_names()
 

@@ -2,7 +2,7 @@
 
 Generated code calls :func:`sgemm` with the arena, the region's inputs and the packed
 constants as flat arrays. It goes to the OpenBLAS that numpy ships (found by
-:mod:`byoc.kernels.threads`, which also applies byoc's thread policy: OpenBLAS owns the cores).
+:mod:`byoc_cpu.host.threads`, which also applies byoc's thread policy: OpenBLAS owns the cores).
 Without OpenBLAS (numpy on MKL or Accelerate) it falls back to ``np.dot`` on strided views,
 slower but the same numbers.
 """
@@ -17,8 +17,8 @@ import numba
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from byoc.kernels import gemm, threads
-from byoc.kernels.gemm import CW, _gemm_narrow, _gemm_table
+from byoc_cpu.host import gemm, threads
+from byoc_cpu.host.gemm import CW, _gemm_narrow, _gemm_table
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
@@ -104,8 +104,8 @@ def sgemm(m: int, n: int, k: int, a: np.ndarray, ao: int, lda: int, b: np.ndarra
 
 class Weight:
     """A GEMM left operand (m, k), prepared once at load: packed for byoc's micro-kernel
-    (:func:`byoc.kernels.gemm.pack`) where it runs at full width, or in the narrow form
-    (:func:`byoc.kernels.gemm.pack_narrow`) when every product it takes part in has few output
+    (:func:`byoc_cpu.host.gemm.pack`) where it runs at full width, or in the narrow form
+    (:func:`byoc_cpu.host.gemm.pack_narrow`) when every product it takes part in has few output
     columns; else kept as a block of its constant for OpenBLAS."""
 
     __slots__ = ("a", "ao", "lda", "m", "k", "packed", "narrow")
@@ -153,8 +153,8 @@ def wgemm(wt: Weight, b: np.ndarray, bo: int, rows: Rows, c: np.ndarray, co: int
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def wgemm_packed(narrow, wp, m, k, b, bo, rows, c, co, ldc, lo, hi, accumulate, period, valid):
     """:func:`wgemm` inside compiled code (a native region, :mod:`byoc_cpu.emit`): ``wp`` is the
-    weight packed by :func:`byoc.kernels.gemm.pack` or, with ``narrow``, by
-    :func:`~byoc.kernels.gemm.pack_narrow`; ``rows`` is the row table."""
+    weight packed by :func:`byoc_cpu.host.gemm.pack` or, with ``narrow``, by
+    :func:`~byoc_cpu.host.gemm.pack_narrow`; ``rows`` is the row table."""
     if m == 0 or hi <= lo:
         return
     if narrow:

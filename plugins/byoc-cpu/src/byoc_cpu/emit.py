@@ -97,8 +97,8 @@ import math
 import numba
 import numpy as np
 
-from byoc.kernels._spin import claim, finish, wait_done
-from byoc.kernels.threads import parallel_for, run_spmd
+from byoc_cpu.host._spin import claim, finish, wait_done
+from byoc_cpu.host.threads import parallel_for, run_spmd
 from byoc_cpu import kernels as K
 from byoc_cpu.blas import Rows, sgemm, wgemm, wgemm_packed
 from byoc_cpu.loops import shared_loop
@@ -465,7 +465,7 @@ class Emitter:
     def _native(self) -> None:
         """``run_native``: the same steps, but every run of steps compiled code can make
         (:func:`native_step`) is one compiled function, ``nativeN``, that each pool thread enters
-        (:func:`byoc.kernels.threads.run_spmd`): the threads claim the chunks of each ``par`` step
+        (:func:`byoc_cpu.host.threads.run_spmd`): the threads claim the chunks of each ``par`` step
         and the steps between them through atomic counters in ``sync``, with no Python and no GIL
         between the steps. The steps it cannot make (OpenBLAS calls, Winograd) run from Python
         between those functions."""

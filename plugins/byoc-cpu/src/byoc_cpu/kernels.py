@@ -1,12 +1,12 @@
 """The fixed kernels generated modules call: layout moves around the GEMMs, pooling, softmax, LRN.
 
 Padding, im2col, strided subsampling and direct (depthwise) convolution are the core's
-flat-buffer entry points (:mod:`byoc.kernels.conv`), re-exported. What is specific to a region
+flat-buffer entry points (:mod:`byoc_cpu.host.conv`), re-exported. What is specific to a region
 (epilogues, elementwise chains) is generated per region by :mod:`byoc_cpu.emit`; what is the same for every model lives here, compiled once per machine
 (``cache=True``). Every kernel works on flat float32 arrays plus element offsets, so a
 generated module can pass its arena, its inputs and its constants without making views.
 
-Thread policy (:mod:`byoc.kernels.threads`): BLAS owns the cores. These loops are
+Thread policy (:mod:`byoc_cpu.host.threads`): BLAS owns the cores. These loops are
 single-threaded (no ``prange``): they are memory-bound next to the GEMMs, and an OpenMP pool
 spinning beside OpenBLAS's makes both slower.
 """
@@ -20,18 +20,18 @@ import weakref
 import numba
 import numpy as np
 
-# the window geometry and the convolution drivers are the core's (one copy, byoc.kernels.conv);
+# the window geometry and the convolution drivers are the core's (one copy, byoc_cpu.host.conv);
 # re-exported here under the names the generated code calls
-from byoc.kernels import conv as _conv
-from byoc.kernels.blocked import conv8, conv16, reorder8
-from byoc.kernels.conv import conv_direct, im2col, pad_planes, phase_planes, subsample
-# U: indices cast to unsigned, so that LLVM vectorises (see byoc.kernels.pool)
-from byoc.kernels.pool import U, avgpool2d, maxpool2d
+from byoc_cpu.host import conv as _conv
+from byoc_cpu.host.blocked import conv8, conv16, reorder8
+from byoc_cpu.host.conv import conv_direct, im2col, pad_planes, phase_planes, subsample
+# U: indices cast to unsigned, so that LLVM vectorises (see byoc_cpu.host.pool)
+from byoc_cpu.host.pool import U, avgpool2d, maxpool2d
 
 _jit = numba.njit(cache=True, boundscheck=False, nogil=True)
 
 
-# max and average pooling of 2-D planes are the core's (byoc.kernels.pool), shared with the host
+# max and average pooling of 2-D planes are the core's (byoc_cpu.host.pool), shared with the host
 
 
 @_jit
@@ -139,7 +139,7 @@ def _forget(key: int) -> None:
 
 
 def winograd(x, xo, c, h, w, wt, m, pt, pl, oh, ow, mt, y, yo) -> None:
-    """3x3 stride-1 convolution by the core's Winograd (:func:`byoc.kernels.conv.winograd`);
+    """3x3 stride-1 convolution by the core's Winograd (:func:`byoc_cpu.host.conv.winograd`);
     ``wt`` is the constant weight array ``(m, c, 3, 3)`` of a loaded program. Its Winograd form
     is computed on the first call and kept while ``wt`` lives (keyed by the array object, and
     dropped when it is collected, so a later array at the same address never finds it)."""

@@ -111,9 +111,9 @@ def shared_loop(text: str) -> Callable[..., Any]:
         return fn
     folder = getattr(_local, "folder", None)
     if folder is None:
-        from byoc_cpu.runtime import _writable_dir, cache_dir
+        from byoc_cpu.cache import cache_dir, writable_dir
 
-        folder = _writable_dir(cache_dir())
+        folder = writable_dir(cache_dir())
     with _lock:
         fn = _loops.get(digest)
         if fn is None:
@@ -123,7 +123,7 @@ def shared_loop(text: str) -> Callable[..., Any]:
 
 
 def _import(folder: Path, data: str, digest: str) -> Callable[..., Any]:
-    from byoc_cpu.runtime import write_once
+    from byoc_cpu.cache import write_once
 
     path = write_once(folder / f"byoc_loop_{digest}.py", data)
     name = f"byoc_cpu_loop_{digest[:16]}"

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from byoc.kernels import blocked
-from byoc.kernels.conv import shift_pays, winograd_side, winograd_tile
-from byoc.kernels.gemm import FULL_WIDTH
+from byoc_cpu.host import blocked
+from byoc_cpu.host.conv import shift_pays, winograd_side, winograd_tile
+from byoc_cpu.host.gemm import FULL_WIDTH
 from byoc_cpu import ops
 from byoc_cpu.options import DEFAULTS
 from byoc_cpu.ops import OpInfo, Unsupported
@@ -52,11 +52,11 @@ DIRECT_MAX_CG = 8
 SHIFT_MIN_CG = 16
 SHIFT_MAX_WASTE = 1.5
 # when Winograd and shift pay over im2col with OpenBLAS's GEMMs: the core's rules
-# (byoc.kernels.conv.winograd_tile and shift_pays), shared with the host kernels
+# (byoc_cpu.host.conv.winograd_tile and shift_pays), shared with the host kernels
 
 #: work below which a GEMM, or elements below which a loop, runs as one piece: handing a chunk
 #: to a pool thread costs ~30 microseconds (its helpers poll outside the GIL,
-#: byoc.kernels.threads), ~1.5M multiply-adds; ShuffleNet 10% faster than at 8M (A/B)
+#: byoc_cpu.host.threads), ~1.5M multiply-adds; ShuffleNet 10% faster than at 8M (A/B)
 PAR_MIN_MACS = 1 << 21
 PAR_MIN_ELEMENTS = 1 << 18
 #: an im2col convolution whose row blocks would average fewer output columns than this splits
@@ -254,13 +254,13 @@ class Lowering:
         self.rows_index: dict[tuple, int] = {}
         threads = self.options["threads"]
         if threads is None:
-            from byoc.kernels import threads as policy
+            from byoc_cpu.host import threads as policy
 
             threads = policy.num_threads()
         self.nt = max(1, int(threads))
         # pieces a GEMM is cut into for the pool: none where OpenBLAS's own threads split it
         # (BYOC_THREAD_POLICY=blas); pads, loops and pools still use the pool
-        from byoc.kernels import threads as _policy
+        from byoc_cpu.host import threads as _policy
 
         self.gnt = 1 if _policy.blas_gemms() else self.nt
 
@@ -863,7 +863,7 @@ class Lowering:
     def _blocked(self, p, xn: Ref, tn: Ref, out_strides: list[int], wt: np.ndarray, bref: Ref, nt: int, epilogue,
                  epi):
         """(pre, chunks) of a convolution by the channel-blocked direct kernel
-        (:mod:`byoc.kernels.blocked`): the input reordered into blocks of 8 channels (in
+        (:mod:`byoc_cpu.host.blocked`): the input reordered into blocks of 8 channels (in
         parallel by blocks), then output rows (wide outputs) or blocks of 16 or 32 output channels,
         each followed by its epilogue; the kernel adds the bias ``bref``. The wide form
         (``conv16``) writes the output's own rows, and applies a Relu / residual Add epilogue
@@ -1216,7 +1216,7 @@ def _gemm(m, n, k, a: Ref, lda, b: Ref, ldb, c: Ref, ldc, beta=0.0, alpha=1.0, t
 def _blocked_form(p: dict[str, Any]) -> tuple[int, int, int, bool]:
     """``(mb, hq, wq, in_place)`` of a convolution the blocked kernel runs: its block of output
     channels (the form), its (phase) planes' height and width (stride 1: the padded plane;
-    strided: its stride-phase planes, as :func:`byoc.kernels.blocked.reorder8` writes them), and
+    strided: its stride-phase planes, as :func:`byoc_cpu.host.blocked.reorder8` writes them), and
     whether the wide form writes the output's own rows in place."""
     geo = (p["c"], p["m"], p["group"], p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"])
     mbw = blocked.preferred(*geo, p["oh"], p["ow"]) or blocked.block_for(p["m"])  # forced: the form that applies
@@ -1226,7 +1226,7 @@ def _blocked_form(p: dict[str, Any]) -> tuple[int, int, int, bool]:
 
 def _kernel_epilogue(raw: RawEw | None) -> tuple[int, Ref | None] | None:
     """``(ep, residual)`` where a convolution's epilogue ``raw`` (over its output, in place) is one
-    the blocked kernels apply as they store (:func:`byoc.kernels.blocked.conv16`): Relu (ep 1), an
+    the blocked kernels apply as they store (:func:`byoc_cpu.host.blocked.conv16`): Relu (ep 1), an
     Add of a tensor laid out as the output (2, the residual's reference), or that Add then Relu
     (3); ``None`` for anything else (the epilogue then runs as its own loop)."""
     if raw is None or len(raw.refs) != raw.n_operands + 1 or raw.n_operands > 2:

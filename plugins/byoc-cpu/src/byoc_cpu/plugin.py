@@ -6,6 +6,7 @@ target's hooks only in the plugin that registered it, so no hook checks the targ
 hooks, in the order byoc calls them:
 
 ``byoc_register_targets``    the target: name, version, device, typed options, tolerance, priority
+``byoc_register_host_executor``  byoc-cpu's tuned kernels for the host's nodes (:mod:`byoc_cpu.host`)
 ``byoc_register_operators``  which operators it may take, each with a check giving the reason
 ``byoc_register_patterns``   named composites, placed as a unit (the fusions it reports)
 ``byoc_register_rules``      regions worth having (here: drop regions with nothing to compute)
@@ -36,11 +37,11 @@ _LAUNCH = 30e-6
 def _runtime_path() -> str:
     """What ``byoc targets`` shows: whose GEMM the generated code calls on this machine."""
     try:
-        from byoc.kernels.gemm import FULL_WIDTH
+        from byoc_cpu.host.gemm import FULL_WIDTH
 
         if FULL_WIDTH:
             return "numba, own AVX-512 GEMM"
-        from byoc.kernels import threads
+        from byoc_cpu.host import threads
 
         return "numba + openblas" if threads.openblas_symbol("cblas_sgemm") is not None else "numba + numpy"
     except Exception:  # pragma: no cover
@@ -67,6 +68,13 @@ def byoc_register_targets(register):
         # region boundary ends a fused epilogue (a rough estimate, not a measurement)
         launch_overhead=_LAUNCH,
     ))
+
+
+@hookimpl
+def byoc_register_host_executor(register):
+    from byoc_cpu.host import executor
+
+    register(executor())
 
 
 @hookimpl

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from byoc.kernels.blocked import CB, MB, MB_WIDE, tile_pixels
+from byoc_cpu.host.blocked import CB, MB, MB_WIDE, tile_pixels
 
 from byoc_cpu.emit import FIXED, INSTRUCTIONS
 from byoc_cpu.lower import PROGRAM_VERSION

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
+from byoc.contract import environment as _env
 from byoc.contract import Option, Target, resolve_options
 
 #: the declared options (JSON values only: they travel in bundles)
@@ -74,7 +74,7 @@ def cache_dir(options: Mapping[str, Any]) -> Path:
     chosen = options.get("cache_dir")
     if chosen:
         return Path(chosen)
-    env = os.environ.get("BYOC_JETSON_CACHE")
+    env = _env.get("BYOC_JETSON_CACHE", None)
     if env:
         return Path(env)
     return Path.home() / ".cache" / "byoc" / "jetson"

@@ -18,7 +18,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from byoc.kernels.conv import im2col
+from byoc.kernels import im2col
 
 from byoc_vitis.program import ACT_LEAKY, ACT_RELU, ACT_RELU6, HSIG_BITS, LEAKY_NUM, LEAKY_SHIFT, Program
 

@@ -1,4 +1,4 @@
-"""The 2-D pooling kernels on flat float32 buffers (``byoc.kernels.pool``: the host's float32
+"""The 2-D pooling kernels on flat float32 buffers (``byoc_cpu.host.pool``: the host's float32
 MaxPool/AveragePool and byoc-cpu's generated code): the row-buffer kernels equal the direct ones on any geometry
 (including NaN and infinities), and hostile strides/pads take the direct kernels, which size no
 buffer from the attributes."""
@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from byoc.kernels import pool as K
+from byoc_cpu.host import pool as K
 
 
 def _out(n, k, s, d, p0, p1):

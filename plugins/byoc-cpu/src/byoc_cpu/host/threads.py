@@ -68,9 +68,10 @@ from typing import Any
 
 import numpy as np
 
-from byoc.kernels import _words
+from byoc.contract import environment as _env
+from byoc_cpu.host import _words
 
-__all__ = ["blas_gemms", "blas_info", "configure", "gemm_for", "gemm_split", "num_threads", "openblas",
+__all__ = ["run_ranges", "blas_gemms", "blas_info", "configure", "gemm_for", "gemm_split", "num_threads", "openblas",
            "openblas_symbol", "parallel_for", "run_job", "run_spmd", "wake", "scratch", "set_blas_threads"]
 
 _lock = threading.RLock()
@@ -193,16 +194,7 @@ def set_blas_threads(n: int) -> bool:
 
 
 def _default_threads() -> int:
-    env = os.environ.get("BYOC_NUM_THREADS", "").strip()
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            pass
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    return _env.num_threads()
 
 
 # -------------------------------------------------------------------------------------------------
@@ -262,9 +254,9 @@ class _Job:
                     self.finished.set()
 
 
-# the pool's shared words (byoc.kernels._words)
+# the pool's shared words (byoc_cpu.host._words)
 _POSTED, _DONE, _WORDS = _words.POSTED, _words.DONE, _words.WORDS
-# the nogil loops (byoc.kernels._spin), imported on first use: one dispatcher each for every thread
+# the nogil loops (byoc_cpu.host._spin), imported on first use: one dispatcher each for every thread
 _spin = _serve = _post = _run_and_close = _run_alone = None
 
 
@@ -273,7 +265,7 @@ def _compiled():
     if _serve is None:
         with _lock:
             if _serve is None:
-                from byoc.kernels import _spin as loops
+                from byoc_cpu.host import _spin as loops
                 _spin, _post, _run_and_close, _run_alone = loops.spin, loops.post, loops.run_and_close, loops.run_alone
                 _serve = loops.serve
 
@@ -453,6 +445,29 @@ def parallel_for(fn, n: int) -> None:
         _pool.run(fn, n)
 
 
+#: work (elements touched; see :func:`run_ranges`) below which range work runs in one call on
+#: the calling thread, and the least work handed to one thread
+PARALLEL_MIN_ELEMENTS = 1 << 20
+PARALLEL_MIN_CHUNK = 1 << 18
+
+
+def run_ranges(fn, n_units: int, args: tuple, unit_cost: int = 1) -> None:
+    """Call ``fn(*args, start, stop)`` so that the ranges cover ``[0, n_units)``: the reference
+    kernels' range work (``byoc.kernels.parallel``), cut into chunks for the pool when large.
+
+    ``fn`` must be a ``nogil`` kernel writing disjoint outputs per unit; ``unit_cost`` is the
+    number of elements one unit touches. The calling thread claims chunks too, so a helper that
+    is not scheduled costs nothing."""
+    work = n_units * max(1, unit_cost)
+    workers = num_threads()
+    k = int(min(workers * 4, n_units, max(1, work // PARALLEL_MIN_CHUNK)))
+    if workers <= 1 or work < PARALLEL_MIN_ELEMENTS or k <= 1:
+        fn(*args, 0, n_units)
+        return
+    bounds = [n_units * i // k for i in range(k + 1)]
+    parallel_for(lambda i: fn(*args, bounds[i], bounds[i + 1]), k)
+
+
 def wake() -> None:
     """Tell the pool that kernels are about to run (a model run starts): helpers that sleep go
     back to polling, so that the first job finds them ready. Cheap when none sleeps."""
@@ -463,7 +478,7 @@ def wake() -> None:
 def run_job(job, block: np.ndarray, address: int | None = None) -> None:
     """Run a compiled job: ``job`` is a Numba ``cfunc`` of signature ``void(int64 *)`` (or its
     address) that shares its work among the threads calling it, as :func:`run_spmd`'s functions
-    do (claims on work units, :func:`byoc.kernels._spin.claim`), and ``block`` its int64 argument
+    do (claims on work units, :func:`byoc_cpu.host._spin.claim`), and ``block`` its int64 argument
     block (addresses of the arrays it reads and writes, and its integers; kept alive by the
     caller for the call), at ``address`` where the caller knows it. The calling thread and every
     helper still polling for work run it; no helper needs the GIL for it. The job must not raise
@@ -482,7 +497,7 @@ def run_spmd(fn, sync: np.ndarray, args: tuple = ()) -> None:
     """Call ``fn(sync, *args)`` on the calling thread and on every helper of the pool at once (one
     hand-off for the whole call): ``fn`` is a compiled ``nogil`` function whose threads share its
     work among themselves through ``sync`` (an int64 array: two counters per work unit, then an
-    abort flag; see :func:`byoc.kernels._spin.claim`), so each call must be safe to run on any
+    abort flag; see :func:`byoc_cpu.host._spin.claim`), so each call must be safe to run on any
     number of threads, one included, and return once all of the work is done. A helper that
     starts late finds the work done and returns at once; a busy pool leaves it all to the
     calling thread. A thread that raises sets the abort flag, so that the others stop waiting
@@ -510,7 +525,7 @@ def configure() -> dict[str, Any]:
     with _lock:
         if _configured:
             return dict(_info)
-        policy = os.environ.get("BYOC_THREAD_POLICY", "").lower()
+        policy = _env.get("BYOC_THREAD_POLICY").lower()
         if policy in ("off", "0", "none"):
             _info["policy"] = "off (BYOC_THREAD_POLICY): libraries untouched, kernels single-threaded"
         elif policy == "blas":

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import byoc
-from byoc.kernels.conv import fused_conv
-from byoc.kernels.registry import NodeSpec, make_kernel
+from byoc_cpu.host.conv import fused_conv
+from byoc.kernels.registry import NodeSpec
+from cpu_helpers import host_kernel as make_kernel
 from byoc.testing.oracle import assert_close, run_onnxruntime
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -27,9 +28,9 @@ SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[Healt
 def wide_blocked(monkeypatch):
     """The wide blocked form where it applies, on any CPU (it only runs slower where 16-float
     vectors are split): the kernel's epilogue is then exercised everywhere."""
-    monkeypatch.setattr("byoc.kernels.blocked.PAYS", True)
-    monkeypatch.setattr("byoc.kernels.blocked.WIDE", True)
-    monkeypatch.setattr("byoc.kernels.blocked._ENV", "")
+    monkeypatch.setattr("byoc_cpu.host.blocked.PAYS", True)
+    monkeypatch.setattr("byoc_cpu.host.blocked.WIDE", True)
+    monkeypatch.setattr("byoc_cpu.host.blocked._ENV", "")
 
 
 def _relu(v: np.ndarray) -> np.ndarray:

@@ -37,7 +37,6 @@ L2, a quarter each, a share at every tap (docs/speed.md, round thirteen).
 
 from __future__ import annotations
 
-import os
 
 import numba
 import numpy as np
@@ -45,8 +44,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from byoc.kernels._spin import claim, finish, float32_at, int64_at, wait_done
-from byoc.kernels.gemm import FULL_WIDTH, ir_accumulate, ir_store_tile, ir_vector_ops
+from byoc.contract import environment as _env
+from byoc_cpu.host._spin import claim, finish, float32_at, int64_at, wait_done
+from byoc_cpu.host.gemm import FULL_WIDTH, ir_accumulate, ir_store_tile, ir_vector_ops
 
 _U = np.uint64  # unsigned indices: no negative-index wraparound, so LLVM vectorises
 
@@ -64,11 +64,11 @@ MR_WIDE, MR_SHORT, MB_WIDE = 14, 7, 32
 #: channels ran at 91-113 GFLOP/s against 52-92 for :func:`conv8`'s 6 x 16 (fewer loads and
 #: broadcasts per FMA, no padding columns computed), docs/speed.md round twelve; elsewhere :func:`conv8`
 WIDE = FULL_WIDTH
-_ENV = os.environ.get("BYOC_BLOCKED_CONV", "")
+_ENV = _env.get("BYOC_BLOCKED_CONV")
 
 
 def _pays() -> bool:
-    return os.environ.get("BYOC_BLOCKED_CONV", "") != "0"
+    return _env.get("BYOC_BLOCKED_CONV") != "0"
 
 
 #: whether the host kernels and byoc-cpu prefer this kernel where it :func:`applies` (with the
@@ -472,7 +472,7 @@ def host_reorder(sh: int, sw: int):
 
 
 # -------------------------------------------------------------------------------------------------
-# the host's blocked convolution as one compiled job (byoc.kernels.threads.run_job): the reorder
+# the host's blocked convolution as one compiled job (byoc_cpu.host.threads.run_job): the reorder
 # and the kernel's chunks, claimed by whichever threads run it, with no Python between them and no
 # GIL for a helper to take (each Python hand-off cost ResNet-50's host run 60-90 us, two per layer)
 
@@ -528,7 +528,7 @@ _conv_job_compiled = None
 def conv_job() -> int:
     """The wide kernel writing its output in place (:func:`own_rows`), with its input's reorder,
     for one image as a compiled job: the address of a ``cfunc`` compiled on first use, for
-    :func:`byoc.kernels.threads.run_job` (its argument block: :func:`conv_job_block`)."""
+    :func:`byoc_cpu.host.threads.run_job` (its argument block: :func:`conv_job_block`)."""
     global _conv_job_compiled
     if _conv_job_compiled is None:
         _conv_job_compiled = numba.cfunc(types.void(types.CPointer(types.int64)), cache=True)(_conv_job).address

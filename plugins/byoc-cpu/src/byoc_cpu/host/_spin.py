@@ -1,7 +1,7 @@
-"""The pool's nogil loops (:mod:`byoc.kernels.threads`: a helper's :func:`serve`, a caller's
+"""The pool's nogil loops (:mod:`byoc_cpu.host.threads`: a helper's :func:`serve`, a caller's
 :func:`spin` and compiled jobs' :func:`post` and :func:`run_and_close`): atomic loads of a shared
 word with ``pause`` between them, and a release store before them. A module of its own so that
-:mod:`byoc.kernels.threads` imports Numba only when a pool first waits."""
+:mod:`byoc_cpu.host.threads` imports Numba only when a pool first waits."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from byoc.kernels._words import ACTIVE, ARGS, DONE, FN, OPEN, POSTED
+from byoc_cpu.host._words import ACTIVE, ARGS, DONE, FN, OPEN, POSTED
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
@@ -70,7 +70,7 @@ def spin(word, idx, seen, polls, sidx, svalue):
 # -------------------------------------------------------------------------------------------------
 # work units shared by the threads that run one compiled region (byoc_cpu's native driver):
 # ``sync`` holds two counters per unit, claimed chunks at ``2*u`` and finished ones at ``2*u + 1``,
-# and last an abort flag (:func:`byoc.kernels.threads.run_spmd` sets it when a thread raises)
+# and last an abort flag (:func:`byoc_cpu.host.threads.run_spmd` sets it when a thread raises)
 
 
 @intrinsic
@@ -111,8 +111,8 @@ def wait_done(sync, unit, chunks):
 
 # -------------------------------------------------------------------------------------------------
 # compiled jobs: work that a helper runs without ever taking the GIL (see
-# :meth:`byoc.kernels.threads._Pool.run_compiled`). A job is a C function ``void f(int64 *args)``
-# (a Numba ``cfunc``) and its argument block, posted in the pool's words (byoc.kernels._words).
+# :meth:`byoc_cpu.host.threads._Pool.run_compiled`). A job is a C function ``void f(int64 *args)``
+# (a Numba ``cfunc``) and its argument block, posted in the pool's words (byoc_cpu.host._words).
 
 @intrinsic
 def _load_seq(typingctx, arr, idx):

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from byoc.errors import KernelError
-from byoc.kernels import gemm as G
-from byoc.kernels.registry import NodeSpec, make_kernel
+from byoc_cpu.host import gemm as G
+from byoc.kernels.registry import NodeSpec
+from cpu_helpers import host_kernel as make_kernel
 from byoc.testing.oracle import assert_close, run_byoc, run_reference, single_node_model
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,8 +11,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from byoc.kernels import threads
-from byoc.kernels._spin import claim, finish, wait_done
+from byoc_cpu.host import threads
+from byoc_cpu.host._spin import claim, finish, wait_done
 
 
 @numba.njit(nogil=True, cache=True)

@@ -1,4 +1,4 @@
-"""The channel-blocked direct convolution (``byoc.kernels.blocked``) against a NumPy reference,
+"""The channel-blocked direct convolution (``byoc_cpu.host.blocked``) against a NumPy reference,
 over random shapes, paddings, output row widths (the output's own or the planes') and splits of
 its output (channel blocks, row ranges)."""
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from byoc.kernels import blocked
+from byoc_cpu.host import blocked
 
 
 @st.composite
@@ -159,7 +159,7 @@ def test_reorder8_writes_stride_phases(sh, sw, pt, pl):
        st.lists(st.integers(0, 2), min_size=4, max_size=4), st.integers(0, 2**31 - 1))
 def test_host_conv_takes_the_blocked_kernel(wide, n, cmk, hw, pads, seed):
     # both forms on any CPU: the wide one (16-float vectors) is only slower where they are split
-    from byoc.kernels import conv
+    from byoc_cpu.host import conv
     from byoc.testing.oracle import assert_close, run_byoc, run_onnxruntime, single_node_model
 
     c, m, k = cmk
@@ -172,9 +172,9 @@ def test_host_conv_takes_the_blocked_kernel(wide, n, cmk, hw, pads, seed):
     real = conv._blocked_conv
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv, "_blocked_conv", lambda *a: (calls.append(1), real(*a)))
-        mp.setattr("byoc.kernels.blocked.PAYS", True)  # the rule where the kernel pays, on any CPU
-        mp.setattr("byoc.kernels.blocked.WIDE", wide)
-        mp.setattr("byoc.kernels.blocked._ENV", "")
+        mp.setattr("byoc_cpu.host.blocked.PAYS", True)  # the rule where the kernel pays, on any CPU
+        mp.setattr("byoc_cpu.host.blocked.WIDE", wide)
+        mp.setattr("byoc_cpu.host.blocked._ENV", "")
         got = run_byoc(model, feeds)
     wp = hw + 3 + pads[1] + pads[3]
     oh, ow = hw + pads[0] + pads[2] - k + 1, wp - k + 1
@@ -216,7 +216,7 @@ def test_preferred_for_stems(monkeypatch, wide, c, k, want):
 
 
 def test_the_conv_jobs_block_is_filled_where_the_job_reads():
-    from byoc.kernels import blocked
+    from byoc_cpu.host import blocked
 
     block = blocked.conv_job_block({name: k + 100 for k, name in enumerate(blocked._JOB_INTS)})
     arrays = {name: np.zeros(3 + k, np.float32) for k, name in enumerate(("x", "x8", "r", "y"))}

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto as T, helper as h, numpy_helper as nh
 import byoc
-from byoc.kernels import threads
+from byoc_cpu.host import threads
 
 rng = np.random.default_rng(0)
 nodes = [

@@ -1,4 +1,4 @@
-"""byoc's thread pool (``byoc.kernels.threads``): every chunk runs once, errors reach the
+"""byoc's thread pool (``byoc_cpu.host.threads``): every chunk runs once, errors reach the
 caller, and the hand-off (helpers poll a shared word outside the GIL before they sleep) neither
 loses nor repeats a job, whether the caller or a helper finishes last, whether the helper is
 polling or asleep."""
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from byoc.kernels import threads
-from byoc.kernels._spin import claim, finish, int64_at, wait_done
+from byoc_cpu.host import threads
+from byoc_cpu.host._spin import claim, finish, int64_at, wait_done
 
 
 @numba.njit(nogil=True, cache=True)

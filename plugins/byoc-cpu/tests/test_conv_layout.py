@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from byoc.kernels import conv as C
+from byoc_cpu.host import conv as C
 
 
 @st.composite

@@ -1,0 +1,60 @@
+"""byoc-cpu as the host's CPU executor: the tuned kernels that serve the nodes no target took.
+
+byoc asks :func:`executor`'s ``kernel(spec)`` first for every host node (byoc's reference kernels
+run the ones it declines), lets the reference kernels split their range work over this
+package's thread pool (:mod:`byoc_cpu.host.threads`), and runs Conv -> Add/Sum -> Relu chains
+as one step (:mod:`byoc_cpu.host.fusion`). Everything heavy is imported on first use.
+"""
+
+from __future__ import annotations
+
+from byoc.contract import HostExecutor, NodeSpec
+
+#: the operator families with kernels here (imported on the first kernel request)
+_FAMILIES = ("conv", "gemm", "pool")
+_loaded = False
+
+
+def _kernel(spec: NodeSpec):
+    global _loaded
+    if not _loaded:
+        import importlib
+
+        for family in _FAMILIES:
+            importlib.import_module(f"byoc_cpu.host.{family}")
+        _loaded = True
+    from byoc_cpu.host.registry import factory
+
+    make = factory(spec.op_type, spec.domain)
+    return None if make is None else make(spec)
+
+
+def _parallel(fn, n_units, args, unit_cost=1):
+    from byoc_cpu.host.threads import run_ranges
+
+    run_ranges(fn, n_units, args, unit_cost)
+
+
+def _begin_run():
+    from byoc_cpu.host.threads import wake
+
+    wake()
+
+
+def _fusions(nodes, is_host):
+    from byoc_cpu.host.fusion import fusions
+
+    return fusions(nodes, is_host)
+
+
+def executor() -> HostExecutor:
+    """byoc-cpu's host executor (registered by :mod:`byoc_cpu.plugin`)."""
+    return HostExecutor(
+        "cpu",
+        description="byoc-cpu's tuned kernels: blocked and GEMM convolutions, own AVX-512 GEMM, thread pool",
+        priority=10,
+        kernel=_kernel,
+        parallel=_parallel,
+        begin_run=_begin_run,
+        fusions=_fusions,
+    )
