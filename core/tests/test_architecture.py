@@ -29,7 +29,7 @@ import pytest
 
 MAX_FUNCTION_LINES = 100
 #: the core's size (``core/src``, every line of every Python file)
-CORE_MAX_LINES = 20_000
+CORE_MAX_LINES = 26_500
 
 REPO = Path(__file__).resolve().parents[2]
 

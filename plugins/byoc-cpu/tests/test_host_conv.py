@@ -93,22 +93,22 @@ def test_conv_strided_strategies_property(case):
 
 @pytest.mark.parametrize("how", ["shift", "im2col", "winograd2", "winograd4", "openblas"])
 def test_conv_each_strategy(how, monkeypatch):
-    """Every strategy on the same layers, forced through the module's thresholds."""
-    from byoc_cpu.host import conv as C
+    """Every strategy on the same layers, forced through the tuning table's thresholds."""
     from byoc_cpu.host import gemm as G
+    from byoc_cpu.tuning import CONV as T
 
     if how == "im2col":
-        monkeypatch.setattr(C, "_SHIFT_MIN_CHANNELS", 10**9)
+        monkeypatch.setitem(T, "shift_min_channels", 10**9)
     if how == "shift":
-        monkeypatch.setattr(C, "SHIFT_BLAS_MIN_CG", 0)
+        monkeypatch.setitem(T, "shift_blas_min_channels", 0)
     if how.startswith("winograd"):
         monkeypatch.setattr(G, "_OWN_GEMM", False)  # Winograd is chosen only with OpenBLAS's GEMM
-        monkeypatch.setattr(C, "_WINO_MIN_SIDE", {2: 1, 4: 1 if how == "winograd4" else 10**9})
-        monkeypatch.setattr(C, "_WINO_AUTO_F2_SIDE", 1)
-        monkeypatch.setattr(C, "WINOGRAD_MIN_CM", 0)
+        monkeypatch.setitem(T, "winograd_min_side", {"2": 1, "4": 1 if how == "winograd4" else 10**9})
+        monkeypatch.setitem(T, "winograd_f2_min_side", 1)
+        monkeypatch.setitem(T, "winograd_min_cm", 0)
     if how == "openblas":
         monkeypatch.setattr(G, "_OWN_GEMM", False)
-        monkeypatch.setattr(C, "_WINO_MIN_SIDE", {2: 10**9, 4: 10**9})
+        monkeypatch.setitem(T, "winograd_min_side", {"2": 10**9, "4": 10**9})
     rng = np.random.default_rng(11)
     for xshape, wshape, attrs in [
         ((2, 16, 18, 17), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
@@ -354,17 +354,17 @@ def test_depthwise_with_hostile_geometry_keeps_to_the_loop_nest():
           oracle=run_onnxruntime)
 
 
-def test_strategy_rules_are_shared_with_byoc_cpu():
-    """The host kernels and byoc-cpu's lowering take one rule set for Winograd and shift."""
+def test_one_strategy_chooser_for_the_host_and_the_code_generator():
+    """The host kernels and byoc-cpu's lowering take one chooser (byoc_cpu.strategy) and its rules."""
+    from byoc_cpu import lower, strategy
     from byoc_cpu.host import conv as C
 
-    assert C.winograd_tile(64, 64, 56, 56) == 0  # ResNet-50's res2: transforms weigh as much as GEMMs
-    assert C.winograd_tile(128, 128, 56, 56) == 4  # VGG-19's 56x56 layers
-    assert C.winograd_tile(64, 64, 224, 224) == 4  # any channels on big planes
-    assert C.winograd_tile(256, 256, 14, 14) == 0  # F(2x2) measured slower than shift
-    assert C.shift_pays(64, 64) and C.shift_pays(128, 512) and not C.shift_pays(32, 128)
-    lower = pytest.importorskip("byoc_cpu.lower")
-    assert lower.winograd_tile is C.winograd_tile and lower.shift_pays is C.shift_pays
+    assert C.choose_conv is strategy.choose_conv and lower.choose_conv is strategy.choose_conv
+    assert strategy.winograd_tile(64, 64, 56, 56) == 0  # ResNet-50's res2: transforms weigh as much as GEMMs
+    assert strategy.winograd_tile(128, 128, 56, 56) == 4  # VGG-19's 56x56 layers
+    assert strategy.winograd_tile(64, 64, 224, 224) == 4  # any channels on big planes
+    assert strategy.winograd_tile(256, 256, 14, 14) == 0  # F(2x2) measured slower than shift
+    assert strategy.shift_pays(64, 64) and strategy.shift_pays(128, 512) and not strategy.shift_pays(32, 128)
 
 
 def _patches_by_definition(x, kdims, strides, dils, pads_lo, pads_hi, out_sp, r0, r1):

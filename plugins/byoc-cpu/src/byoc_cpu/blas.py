@@ -19,6 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from byoc_cpu.host import gemm, threads
 from byoc_cpu.host.gemm import CW, _gemm_narrow, _gemm_table
+from byoc_cpu.tuning import GEMM
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
@@ -40,7 +41,7 @@ if _cblas_gemv is not None:
 
 #: products with at most this many rows (batch-1 fully connected layers) run as matrix-vector
 #: products: SGEMM's blocking is wasted on them, SGEMV streams the weights (3.6x measured)
-GEMV_MAX_ROWS = 4
+GEMV_MAX_ROWS = GEMM["gemv_max_rows"]
 
 
 # ``arr.ctypes.data`` builds a ctypes helper object on every call (2 us: DenseNet-121 makes ~1,800

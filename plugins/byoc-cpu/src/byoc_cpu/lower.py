@@ -34,34 +34,28 @@ import numpy as np
 import onnx_ir as ir
 
 from byoc_cpu.host import blocked
-from byoc_cpu.host.conv import shift_pays, winograd_side, winograd_tile
+from byoc_cpu.strategy import ConvShape, choose_conv, winograd_side
 from byoc_cpu.host.gemm import FULL_WIDTH
 from byoc_cpu import ops
 from byoc_cpu.options import DEFAULTS
 from byoc_cpu.ops import OpInfo, Unsupported
+from byoc_cpu.tuning import CONV, THREADS
 
 #: program format version (part of every artifact)
 PROGRAM_VERSION = 1
 #: arena offsets are multiples of this many float32 elements (64 bytes)
 ALIGN = 16
 #: im2col matrices are built in blocks of output rows of at most this many elements
-COL_BLOCK = 1 << 22
-#: grouped convolutions with fewer input channels per group run the direct loop nest
-DIRECT_MAX_CG = 8
-#: the shift strategy needs this many channels per group, and a bounded padded-width waste
-SHIFT_MIN_CG = 16
-SHIFT_MAX_WASTE = 1.5
-# when Winograd and shift pay over im2col with OpenBLAS's GEMMs: the core's rules
-# (byoc_cpu.host.conv.winograd_tile and shift_pays), shared with the host kernels
+COL_BLOCK = CONV["col_block_elements"]
 
 #: work below which a GEMM, or elements below which a loop, runs as one piece: handing a chunk
 #: to a pool thread costs ~30 microseconds (its helpers poll outside the GIL,
 #: byoc_cpu.host.threads), ~1.5M multiply-adds; ShuffleNet 10% faster than at 8M (A/B)
-PAR_MIN_MACS = 1 << 21
-PAR_MIN_ELEMENTS = 1 << 18
+PAR_MIN_MACS = THREADS["codegen_parallel_min_macs"]
+PAR_MIN_ELEMENTS = THREADS["codegen_parallel_min_elements"]
 #: an im2col convolution whose row blocks would average fewer output columns than this splits
 #: its output channels over the pool instead (one shared patch matrix)
-IM2COL_NARROW = 64
+IM2COL_NARROW = CONV["im2col_narrow_columns"]
 
 #: the options the lowering reads (declared, with their defaults, in :mod:`byoc_cpu.options`)
 DEFAULT_OPTIONS = {k: v for k, v in DEFAULTS.items() if k in ("fuse", "concat_in_place", "conv_strategy", "threads")}
@@ -951,60 +945,11 @@ class Lowering:
         return [], chunks
 
     def conv_strategy(self, p: dict[str, Any]) -> str:
-        pointwise = p["kh"] == 1 and p["kw"] == 1 and not (p["pt"] or p["pl"] or p["pb"] or p["pr"])
-        direct = p["group"] > 1 and p["cg"] < DIRECT_MAX_CG
-        shift_ok = p["sh"] == 1 and p["sw"] == 1 and p["kh"] * p["kw"] > 1
-        wp = p["w"] + p["pl"] + p["pr"]
-        waste_ok = p["oh"] * wp <= SHIFT_MAX_WASTE * p["oh"] * p["ow"]
-        side = winograd_side(p["oh"], p["ow"])
-        winograd_ok = (p["kh"] == 3 and p["kw"] == 3 and p["sh"] == 1 and p["sw"] == 1 and p["dh"] == 1
-                       and p["dw"] == 1 and p["group"] == 1 and max(p["pt"], p["pl"], p["pb"], p["pr"]) <= 2
-                       and side > 0)
-        geo = (p["c"], p["m"], p["group"], p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"])
-        # the blocked kernel's rows are its (phase) planes' width
-        blocked_ok = (blocked.applies(*geo)
-                      and blocked.phase_extent(p["ow"], p["kw"], p["sw"]) <= SHIFT_MAX_WASTE * p["ow"])
-        forced = self.options["conv_strategy"]
-        if forced == "winograd" and winograd_ok:
-            return "winograd"
-        if forced == "blocked" and blocked_ok:
-            return "blocked"
-        if forced == "direct":
-            return "direct"
-        if forced == "im2col":
-            return "im2col"
-        if forced == "shift" and shift_ok:
-            return "shift"
-        if forced == "phase" and self._phase_ok(p):
-            return "phase"
-        # the blocked kernel where it beats the GEMMs (KxK and, in its wide form, 1x1)
-        blocked_pref = blocked_ok and forced == "auto" and blocked.preferred(*geo, p["oh"], p["ow"])
-        if direct:
-            return "direct"
-        if pointwise and not blocked_pref:
-            return "pointwise"
-        if (winograd_ok and forced == "auto"
-                and winograd_tile(p["cg"], p["m"], p["oh"], p["ow"], own_gemm=FULL_WIDTH) == side):
-            # the core's rule: with OpenBLAS's GEMMs (no full-width micro-kernel on this CPU), or
-            # big layers where Winograd's fewer multiplies beat the shift strategy on byoc's GEMM
-            return "winograd"
-        if blocked_pref:  # the blocked direct kernel beats the GEMMs on these (shift and im2col alike)
-            return "blocked"
-        blas_shift_ok = FULL_WIDTH or shift_pays(p["cg"], p["m"] // p["group"])
-        # byoc's implicit GEMM (FULL_WIDTH) reads the taps in place: no channel minimum
-        if shift_ok and (FULL_WIDTH or p["cg"] >= SHIFT_MIN_CG) and waste_ok and blas_shift_ok:
-            return "shift"
-        if self._phase_ok(p) and FULL_WIDTH:
-            # a strided KxK convolution over stride phases: ResNet's 7x7/2 stem 1.8x faster than
-            # im2col (which writes K x N patches), the deep 3x3/2 ones the same (A/B, one core)
-            return "phase"
-        return "im2col"
-
-    @staticmethod
-    def _phase_ok(p: dict[str, Any]) -> bool:
-        wq = p["ow"] + ((p["kw"] - 1) * p["dw"]) // p["sw"]
-        return ((p["sh"] > 1 or p["sw"] > 1) and p["kh"] * p["kw"] > 1 and wq <= SHIFT_MAX_WASTE * p["ow"]
-                and p["pt"] < p["sh"] * p["kh"] and p["pl"] < p["sw"] * p["kw"])
+        """The strategy :func:`byoc_cpu.strategy.choose_conv` gives this convolution (one image)."""
+        shape = ConvShape(p["c"], p["m"], p["group"], p["kh"], p["kw"], p["sh"], p["sw"], p["dh"], p["dw"],
+                          p["pt"], p["pl"], p["pb"], p["pr"], p["h"], p["w"], p["oh"], p["ow"],
+                          own_gemm=FULL_WIDTH, implicit=FULL_WIDTH)
+        return choose_conv(shape, "codegen", self.options["conv_strategy"]).strategy
 
     def scratch(self, size: int) -> Slot:
         slot = self.new_slot(size)

@@ -25,13 +25,14 @@ from byoc.contract import Rule, Target, hookimpl
 from byoc_cpu import __version__
 from byoc_cpu.ops import ALIAS, ANCHOR, OPERATORS
 from byoc_cpu.options import OPTIONS
+from byoc_cpu.tuning import COST
 
 TARGET = "cpu"
 
 #: sustained rates for the cost estimate: float32 GEMM FLOP/s and bytes/s moved by the loops
-_GEMM_FLOPS = 100e9
-_LOOP_BYTES = 10e9
-_LAUNCH = 30e-6
+_GEMM_FLOPS = COST["gemm_flops"]
+_LOOP_BYTES = COST["loop_bytes_per_s"]
+_LAUNCH = COST["region_launch_s"]
 
 
 def _runtime_path() -> str:

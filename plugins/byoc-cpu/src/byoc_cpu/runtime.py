@@ -52,6 +52,7 @@ from byoc_cpu.cache import (  # noqa: F401  (re-exported: the runtime's cache fo
 from byoc_cpu.artifact import FORMAT, TARGET, sha256, unpack_constants
 from byoc_cpu.emit import emit
 from byoc_cpu.verify import ProgramError, verify
+from byoc_cpu.tuning import THREADS
 
 _lock = threading.Lock()
 _modules: dict[str, Any] = {}  # source sha256 -> imported module (one import per process)
@@ -146,7 +147,7 @@ class CpuRegion:
 #: hand-off and Python dispatch (~15-30 us a run), the compile costs ~50 ms per step once per
 #: region and machine (then Numba's disk cache serves it); below this, tests and small models
 #: keep the Python driver
-NATIVE_MIN_PAR = 8
+NATIVE_MIN_PAR = THREADS["native_min_parallel"]
 
 
 def use_native(program: dict[str, Any], mode: str = "auto") -> bool:

@@ -20,19 +20,18 @@ pixels, and tap ``(a, d)`` is again one fixed offset, into phase ``(a % sh, d % 
 
 Measured on the development machine (AVX2, one core, ResNet-50's 3x3 shapes 56x56x64 to
 7x7x512): 62-89 GFLOP/s against 49-77 for the shift strategy's OpenBLAS GEMMs on the same
-planar output (docs/speed.md, round five).
+planar output.
 
 The wide form (:func:`conv16`) is the same kernel in 16-float vectors for CPUs with AVX-512
 (:data:`WIDE`): tiles of 14 pixels x 32 channels in 28 registers (a rest of at most 7
 pixels in a tile of 7), weights blocked ``[M/32][C/8][kh][kw][8][32]``, the input layout unchanged. On an
 Intel Xeon with AVX-512 (one core, the same shapes, each row its own tiles): 155-208 GFLOP/s,
-against 125-186 for tiles of 8 pixels over the padded width and OpenBLAS's square SGEMM at 166
-(docs/speed.md, rounds ten and eleven).
+against 125-186 for tiles of 8 pixels over the padded width and OpenBLAS's square SGEMM at 166.
 
 A weight block serves every tile of its output channels; where those are few (ResNet-50's 7x7
 stage: four tiles per block, 2-9 MB of weights per layer) the first tile would stream the block
 from memory alone, so the first four tiles of each block prefetch the next block's weights into
-L2, a quarter each, a share at every tap (docs/speed.md, round thirteen).
+L2, a quarter each, a share at every tap.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ from numba.extending import intrinsic
 from byoc.contract import environment as _env
 from byoc_cpu.host._spin import claim, finish, float32_at, int64_at, wait_done
 from byoc_cpu.host.gemm import FULL_WIDTH, ir_accumulate, ir_store_tile, ir_vector_ops
+from byoc_cpu.tuning import CONV
 
 _U = np.uint64  # unsigned indices: no negative-index wraparound, so LLVM vectorises
 
@@ -62,7 +62,7 @@ MR_WIDE, MR_SHORT, MB_WIDE = 14, 7, 32
 #: AVX-512 measured, Intel's full-rate units and Zen 4's, which runs each 512-bit FMA as two 256-bit
 #: halves. On Zen 4 (one core, ResNet-50's 3x3 shapes) the wide form's tiles of 14 pixels x 32
 #: channels ran at 91-113 GFLOP/s against 52-92 for :func:`conv8`'s 6 x 16 (fewer loads and
-#: broadcasts per FMA, no padding columns computed), docs/speed.md round twelve; elsewhere :func:`conv8`
+#: broadcasts per FMA, no padding columns computed); elsewhere :func:`conv8`
 WIDE = FULL_WIDTH
 _ENV = _env.get("BYOC_BLOCKED_CONV")
 
@@ -74,7 +74,7 @@ def _pays() -> bool:
 #: whether the host kernels and byoc-cpu prefer this kernel where it :func:`applies` (with the
 #: block :func:`block_for` gives): on every CPU measured so far, against OpenBLAS (AVX2), against
 #: byoc's 16-wide GEMM on AVX-512 (the wide form: on an Intel Xeon, ResNet-50's 3x3 shapes at
-#: 123-163 GFLOP/s on one core, docs/speed.md round ten).
+#: 123-163 GFLOP/s on one core).
 #: ``BYOC_BLOCKED_CONV=0``/``1`` decides instead.
 PAYS = _pays()
 
@@ -90,7 +90,7 @@ def block_for(m: int) -> int:
 #: Measured on 2 threads with tiles of 8 over the padded width, ResNet-50's 512 -> 512 3x3 layers:
 #: at 7x7 (49 of 64) 1.25-1.30 ms blocked against 1.15; 14x14 -> 7x7 stride 2 (49 of 56) 1.35
 #: against 1.61-1.71; 256 -> 256 at 14x14 (196 of 224) 0.99-1.06 against 1.13
-WIDE_MIN_SHARE = 0.8
+WIDE_MIN_SHARE = CONV["blocked_wide_min_share"]
 
 
 def tile_pixels(mb: int) -> int:
@@ -117,15 +117,15 @@ def own_rows(ow: int, wq: int) -> bool:
 #: a stem (fewer than 8 input channels, zero-padded to 8 in the blocked layout) takes the wide
 #: form where the GEMMs' depth (channels x taps) is below this: their tiles then starve.
 #: SqueezeNet's 3x3/2 stem (depth 27): 1.1-1.4 ms on the host's GEMMs, 0.73 blocked on 2 threads;
-#: ResNet-50's 7x7/2 (147): 3.1 blocked against 2.1 (docs/speed.md round eleven). byoc-cpu's
+#: ResNet-50's 7x7/2 (147): 3.1 blocked against 2.1. byoc-cpu's
 #: compiled GEMM stem keeps that rule (ResNet-50 cpu 1.13 against 1.24 of onnxruntime with the
 #: 7x7 blocked); the host's GEMM stem runs Python chunks and crops an accumulator of the padded
 #: width, while its blocked kernel is one compiled job writing in place, which wins in-model up to
-#: the 11x11 stems: :data:`HOST_STEM_MAX_DEPTH` (docs/speed.md round fourteen)
-STEM_MAX_DEPTH = 64
+#: the 11x11 stems: :data:`HOST_STEM_MAX_DEPTH`
+STEM_MAX_DEPTH = CONV["blocked_stem_max_depth"]["codegen"]
 #: the host's :data:`STEM_MAX_DEPTH` (ResNet-50 host-only 47.5-48.5 -> 45.4-47.4 ms with the 7x7/2
 #: stem blocked, Xeon, 2 threads; DenseNet-121, Inception v1, ZFNet within noise)
-HOST_STEM_MAX_DEPTH = 400
+HOST_STEM_MAX_DEPTH = CONV["blocked_stem_max_depth"]["host"]
 
 
 def useful_share(oh: int, ow: int, wq: int) -> float:
@@ -140,7 +140,7 @@ def preferred(c: int, m: int, group: int, kh: int, kw: int, sh: int, sw: int, dh
     """The block (:func:`block_for`) byoc's kernels run this convolution (output ``oh x ow``)
     with by default, or 0 where they prefer another strategy: where the kernel does not apply or
     :data:`PAYS` is off, a 1x1 convolution except in the wide form (byoc's pointwise GEMM; the wide
-    form beat it on ResNet-50's 1x1 layers by 10-30%, docs/speed.md round eleven), and on a
+    form beat it on ResNet-50's 1x1 layers by 10-30%), and on a
     :data:`WIDE` CPU where only the 8-wide form would apply or too few of the positions its tiles
     compute are output pixels (:data:`WIDE_MIN_SHARE`; byoc's GEMMs are faster there), or a stem
     deeper than ``stem_max_depth`` (channels x taps; :data:`STEM_MAX_DEPTH`), unless

@@ -43,6 +43,7 @@ import numpy as np
 from byoc.contract.geometry import auto_pad_mode, canon5, int_list, pad3, window_geometry
 from byoc.contract import KernelError
 from byoc_cpu.host import blocked, threads
+from byoc_cpu.strategy import ConvShape, choose_conv
 from byoc_cpu.host.gemm import (
     MR,
     PackCache,
@@ -62,51 +63,15 @@ from byoc_cpu.host.gemm import (
 )
 from byoc.contract import NodeSpec
 from byoc_cpu.host.registry import kernel
+from byoc_cpu.tuning import CONV
 
 _U = np.uint64  # unsigned indices: Numba skips negative-index wraparound, so LLVM vectorises
 
 # im2col buffers are built in blocks of output rows of at most this many elements
-_COL_BLOCK = 1 << 22  # 16 MiB of float32
-_COL_BLOCK_L2 = 1 << 17  # 512 KiB: strided patch blocks built and consumed within L2
-# use the shift strategy when channels per group reach this and the padded-width waste stays below
-_SHIFT_MIN_CHANNELS = 16
-_SHIFT_MAX_WASTE = 1.5
-# grouped convolutions with fewer channels per group than this run the direct loop nest
-_DIRECT_MAX_CHANNELS = 8
-# ... and split over the pool from this many multiply-adds
-_DIRECT_PAR_MIN_MACS = 1 << 23
-# 3x3 stride-1 convolutions with at least this many input and output channels per group use
-# Winograd: F(2x2, 3x3) from an output side of _WINO_MIN_SIDE[2], F(4x4, 3x3) from _WINO_MIN_SIDE[4].
-# Where the GEMM is OpenBLAS's (float64, a CPU without AVX-512, or BYOC_OWN_GEMM=0) by the rules
-# below; with byoc's own float32 GEMM only on big layers (WINOGRAD_OWN_MIN_CM): elsewhere the shift
-# strategy measured as fast (ResNet-50's 3x3 layers: within +-15%, either way) without Winograd's
-# transforms and its rounding (F(4x4): ~6e-6 relative error)
-_WINO_MIN_CHANNELS = 8
-_WINO_MIN_SIDE = {2: 8, 4: 40}
-# ... when the strategy is chosen automatically (the host kernels and byoc-cpu's lowering share
-# these rules, measured with OpenBLAS's GEMMs on ResNet-50, VGG-19, SqueezeNet and Inception):
-# F(4x4, 3x3) from channels in x out of WINOGRAD_MIN_CM, or on planes of WINOGRAD_ANY_CM_SIDE
-# (VGG-19: 1.6x faster than shift); F(2x2, 3x3) never (slower than shift on ResNet-50's 28x28
-# and 14x14 layers), and neither was 64 -> 64 channels at 56x56 (its transforms weigh as much
-# as its GEMMs)
-WINOGRAD_MIN_CM = 64 * 128
-WINOGRAD_ANY_CM_SIDE = 112
-_WINO_AUTO_F2_SIDE = 1 << 30
-# With byoc's own GEMM (AVX-512), measured per layer on an Intel Xeon (one-node models, 2 threads,
-# shift against Winograd, ratio to onnxruntime): F(4x4) wins from 128 x 128 channels on planes
-# of 56 and more (256 -> 256 at 56x56: 1.90 -> 0.97; 128 -> 128 at 112x112: 1.87 -> 1.24) and
-# loses below (64 -> 64 at 56x56: 1.82 -> 3.71; 64 -> 192: 1.54 -> 1.67); F(2x2) wins on 28x28
-# planes from 192 x 192 channels (512 -> 512: 1.98 -> 1.05; 192 -> 192: 1.86 -> 1.63) and loses
-# below that or on smaller planes (128 -> 128 at 28x28: 1.78 -> 2.02; 512 -> 512 at 14x14:
-# 1.53 -> 1.71): its tiles leave the GEMMs too few columns. VGG-19 is the model this changes
-# (byoc-cpu 1.66 -> 1.38 of onnxruntime's time); ResNet-50, Inception and DenseNet keep shift.
-WINOGRAD_OWN_MIN_CM = {4: 128 * 128, 2: 192 * 192}
-_WINO_OWN_MIN_SIDE = {4: _WINO_MIN_SIDE[4], 2: 28}
-# with OpenBLAS the shift strategy is one GEMM per tap with K = channels, which packs its
-# operands anew each time: from this many channels per group (or with fewer than twice as many
-# output as input channels) it beats im2col's single K = taps x channels product (SqueezeNet's
-# expand layers: im2col 5-10% faster; ResNet-50's 64 -> 64 layers: shift 5% faster)
-SHIFT_BLAS_MIN_CG = 65
+_COL_BLOCK = CONV["col_block_elements"]
+_COL_BLOCK_L2 = CONV["col_block_l2_elements"]
+# grouped convolutions split over the pool from this many multiply-adds
+_DIRECT_PAR_MIN_MACS = CONV["direct_parallel_min_macs"]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -699,56 +664,29 @@ def make_conv(spec: NodeSpec):
             "nd": nd, "out_sp": out_sp, "k": pad3(ksz, 1), "s": pad3(strides, 1), "d": pad3(dil, 1),
             "pb": pad3(pb, 0), "pe": pad3(pe, 0), "in": pad3(list(x.shape[2:]), 1), "cg": cg, "mg": m // group,
         }
-        pointwise = all(k == 1 for k in ksz) and not any(pb) and not any(pe)
-        kvol = int(np.prod(ksz))
-        own = compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg)
-        # the channel-blocked kernel's block of output channels where it beats the GEMMs, else 0
-        block = (blocked.preferred(c, m, group, *ksz, *strides, *dil, *out_sp, stem_max_depth=blocked.HOST_STEM_MAX_DEPTH)
-                 if nd == 2 else 0)
-        if pointwise and not block:
-            g["how"] = "pointwise"
-        elif group > 1 and cg < _DIRECT_MAX_CHANNELS:
-            g["how"] = "direct"
-        elif (nd == 2 and ksz == [3, 3] and strides == [1, 1] and dil == [1, 1] and have_blas(x.dtype)
-              and winograd_tile(cg, m // group, *out_sp, own_gemm=own)):
-            g["how"] = "winograd"
-            g["wm"] = winograd_tile(cg, m // group, *out_sp, own_gemm=own)
-        elif (block and compute_dtype(x.dtype) == np.float32
-              and blocked.phase_extent(out_sp[1], ksz[1], strides[1]) <= _SHIFT_MAX_WASTE * out_sp[1]):
-            # the channel-blocked direct kernel (byoc-cpu's too): faster than the GEMMs here;
-            # its rows are the (phase) planes' width: little waste
-            g["how"] = "blocked"
-            g["mb"] = block
-            g["hq"] = blocked.phase_extent(out_sp[0], ksz[0], strides[0])
-            g["wq"] = blocked.phase_extent(out_sp[1], ksz[1], strides[1])
-        else:
-            g["how"] = "im2col"
-            # byoc's GEMM reads the kernel taps straight out of the padded input (an implicit
-            # GEMM over K = channels x taps): no channel minimum. OpenBLAS needs one GEMM per tap.
-            implicit = compute_dtype(x.dtype) == np.float32 and use_own_gemm(m // group, 4096, cg * kvol)
-            g["implicit"] = implicit
-            min_c = 1 if implicit else _SHIFT_MIN_CHANNELS
-            if (nd <= 2 and all(s == 1 for s in strides) and cg >= min_c and kvol > 1
-                    and (implicit or shift_pays(cg, m // group))):
-                hp = g["in"][1] + g["pb"][1] + g["pe"][1]
-                wp = g["in"][2] + g["pb"][2] + g["pe"][2]
-                oh, ow = pad3(out_sp, 1)[1:]
-                nb = x.shape[0]
-                ncols = (nb - 1) * hp * wp + oh * wp
-                if ncols <= _SHIFT_MAX_WASTE * nb * oh * ow:
-                    g["how"] = "shift"
-                    g["hp"], g["wp"], g["ncols"] = hp, wp, ncols
-            elif nd <= 2 and cg >= min_c and kvol > 1:
-                # strided: one plane per stride phase, each tap reads one phase plane
-                _, kh, kw = g["k"]
-                _, sh, sw = g["s"]
-                _, dh, dw = g["d"]
-                oh, ow = pad3(out_sp, 1)[1:]
-                hq = oh + ((kh - 1) * dh) // sh
-                wq = ow + ((kw - 1) * dw) // sw
-                if wq <= _SHIFT_MAX_WASTE * ow:
-                    g["how"] = "phase_shift"
-                    g["hq"], g["wq"] = hq, wq
+        float32 = compute_dtype(x.dtype) == np.float32
+        # byoc's GEMM reads the kernel taps straight out of the padded input (an implicit GEMM
+        # over K = channels x taps): no channel minimum. OpenBLAS needs one GEMM per tap.
+        g["implicit"] = float32 and use_own_gemm(m // group, 4096, cg * int(np.prod(ksz)))
+        (_, pd, pt, pl), (_, pdb, pbt, pr) = [0] + g["pb"], [0] + g["pe"]
+        (kd, kh, kw), (_, sh, sw), (_, dh, dw), (_, h, wd) = g["k"], g["s"], g["d"], g["in"]
+        od, oh, ow = pad3(out_sp, 1)
+        choice = choose_conv(ConvShape(
+            c, m, group, kh, kw, sh, sw, dh, dw, pt, pl, pbt, pr, h, wd, oh, ow, nb=x.shape[0], nd=nd, kd=kd,
+            pd=pd + pdb, float32=float32, gemm=have_blas(x.dtype),
+            own_gemm=float32 and use_own_gemm(m // group, 4096, cg), implicit=g["implicit"]), "host")
+        g["how"] = {"phase": "phase_shift"}.get(choice.strategy, choice.strategy)
+        if choice.strategy == "winograd":
+            g["wm"] = choice.tile
+        elif choice.strategy == "blocked":
+            g["mb"] = choice.block
+            g["hq"] = blocked.phase_extent(oh, kh, sh)
+            g["wq"] = blocked.phase_extent(ow, kw, sw)
+        elif choice.strategy == "shift":
+            g["hp"], g["wp"] = h + pt + pbt, wd + pl + pr
+            g["ncols"] = (x.shape[0] - 1) * g["hp"] * g["wp"] + oh * g["wp"]
+        elif choice.strategy == "phase":
+            g["hq"], g["wq"] = oh + ((kh - 1) * dh) // sh, ow + ((kw - 1) * dw) // sw
         return g
 
     def weights(w, dt) -> _ConvWeights:
@@ -1187,8 +1125,7 @@ class _BlockedJob:
     the Python pool's: four measured slower in-model, each chunk reading every weight block
     again; a helper that joins late takes what is left). Its argument block is laid out once; a
     call fills in the arrays. A model step's Python runs between kernels that evict it from the
-    caches: ResNet-50's took ~140 us a layer in-model against ~50 us warm (docs/speed.md, round
-    fourteen), so the steady state is as little Python as this."""
+    caches: ResNet-50's took ~140 us a layer in-model against ~50 us warm, so the steady state is as little Python as this."""
 
     __slots__ = ("template", "x8_size", "keep", "images", "x_image", "y_image", "out_shape", "ep")
 
@@ -1664,34 +1601,6 @@ def winograd_weights(w: np.ndarray, mt: int, group: int = 1) -> np.ndarray:
     w9 = np.asarray(w, dtype=np.float64).reshape(group, (m // group) * cg, 9)
     u = np.matmul(np.kron(gm, gm), w9.transpose(0, 2, 1))  # (G, alpha^2, Mg*Cg)
     return np.ascontiguousarray(u.reshape(group, a * a, m // group, cg), dtype=w.dtype)
-
-
-def winograd_side(oh: int, ow: int) -> int:
-    """The Winograd tile (2 or 4) for an output of ``oh x ow``, 0 where it is too small to pay."""
-    side = min(oh, ow)
-    return 4 if side >= _WINO_MIN_SIDE[4] else 2 if side >= _WINO_MIN_SIDE[2] else 0
-
-
-def winograd_tile(cg: int, mg: int, oh: int, ow: int, own_gemm: bool = False) -> int:
-    """The Winograd tile (4 or 2) the automatic choice takes for a 3x3 stride-1 convolution with
-    ``cg`` input and ``mg`` output channels per group and an ``oh x ow`` output, 0 for none;
-    ``own_gemm``: the alternative is the shift strategy on byoc's own GEMM (else OpenBLAS's)."""
-    side = min(oh, ow)
-    if cg < _WINO_MIN_CHANNELS or mg < _WINO_MIN_CHANNELS:
-        return 0
-    if own_gemm:
-        for tile in (4, 2):
-            if side >= _WINO_OWN_MIN_SIDE[tile] and cg * mg >= WINOGRAD_OWN_MIN_CM[tile]:
-                return tile if winograd_side(oh, ow) == tile else 0
-        return 0
-    if side >= _WINO_MIN_SIDE[4] and (cg * mg >= WINOGRAD_MIN_CM or side >= WINOGRAD_ANY_CM_SIDE):
-        return 4
-    return 2 if side >= max(_WINO_MIN_SIDE[2], _WINO_AUTO_F2_SIDE) else 0
-
-
-def shift_pays(cg: int, mg: int) -> bool:
-    """Whether the shift strategy beats im2col with OpenBLAS's GEMMs (one product per tap)."""
-    return cg >= SHIFT_BLAS_MIN_CG or mg < 2 * cg
 
 
 def winograd(x, xo, c, h, w, u, m, pt, pl, oh, ow, mt, y, yo) -> None:

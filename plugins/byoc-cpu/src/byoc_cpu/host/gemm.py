@@ -26,6 +26,7 @@ from byoc.contract import environment as _env
 from byoc_cpu.host import threads
 from byoc.contract import NodeSpec
 from byoc_cpu.host.registry import kernel
+from byoc_cpu.tuning import GEMM
 
 # -------------------------------------------------------------------------------------------------
 # direct OpenBLAS access
@@ -61,7 +62,7 @@ def have_blas(dtype) -> bool:
     return np.dtype(dtype) in _CBLAS
 
 # a GEMM below this many multiply-adds runs as one call; above it is split over the pool
-_PARALLEL_MIN_MACS = 1 << 20
+_PARALLEL_MIN_MACS = GEMM["parallel_min_macs"]
 def _has_avx512() -> bool:
     try:
         from llvmlite import binding as llvm
@@ -79,7 +80,7 @@ FULL_WIDTH = _has_avx512()
 # product to OpenBLAS, BYOC_OWN_GEMM=1 uses byoc's on any CPU
 _OWN_GEMM = {"0": False, "1": True}.get(_env.get("BYOC_OWN_GEMM"), FULL_WIDTH)
 # Gemm/MatMul pack their left operand per call: worth it from this many rows
-_OWN_GEMM_MIN_ROWS = 32
+_OWN_GEMM_MIN_ROWS = GEMM["own_gemm_min_rows"]
 
 
 def sgemm(m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int, c: int, ldc: int,
@@ -873,7 +874,7 @@ def gemm_table(ap: np.ndarray, m: int, k: int, b: np.ndarray, bo: int, rows: np.
 TR, _NVT = 7, 2
 CW = _NVT * _W
 #: outputs at most this many columns wide take the narrow form (:func:`prefers_narrow`)
-NARROW_MAX_COLS = 112
+NARROW_MAX_COLS = GEMM["narrow_max_columns"]
 
 
 def _narrow_body(context, builder, signature, args):

@@ -30,8 +30,7 @@ chunk from there (see "waiting without the GIL" below): 27-30 us a hand-off inst
 (:func:`run_job`: a C function and its argument block, the threads sharing its chunks through
 atomic claims): a polling helper runs it from its poll loop without ever taking the GIL, so a
 hand-off costs nothing measurable, and the work can be cut finer than Python chunks allow (the
-host's blocked convolutions: ResNet-50's host run on an Intel Xeon, 2 threads, 60.6 -> 47.9 ms,
-docs/speed.md round fourteen). A model run calls :func:`wake` first, so that helpers asleep
+host's blocked convolutions). A model run calls :func:`wake` first, so that helpers asleep
 since the last run poll again by its first kernel. Kernels elsewhere that use ``prange`` still
 get their OpenMP pool, made passive
 (``OMP_WAIT_POLICY=PASSIVE``) so it sleeps as soon as a region ends and never spins while the
@@ -70,6 +69,7 @@ import numpy as np
 
 from byoc.contract import environment as _env
 from byoc_cpu.host import _words
+from byoc_cpu.tuning import THREADS
 
 __all__ = ["run_ranges", "blas_gemms", "blas_info", "configure", "gemm_for", "gemm_split", "num_threads", "openblas",
            "openblas_symbol", "parallel_for", "run_job", "run_spmd", "wake", "scratch", "set_blas_threads"]
@@ -213,7 +213,7 @@ def _default_threads() -> int:
 #: polls of the shared word before a waiting thread sleeps (each ``pause`` is ~10-100 cycles:
 #: about 200 microseconds in all on the development machine, enough to bridge the Python
 #: between two kernels)
-SPIN_POLLS = 8000
+SPIN_POLLS = THREADS["spin_polls"]
 
 
 def _spin_wait(word: np.ndarray, idx: int, seen: int, sidx: int = -1, svalue: int = 0) -> bool:
@@ -377,7 +377,7 @@ _pool: _Pool | None = None
 
 _tls = threading.local()
 # larger workspaces are allocated per call instead of kept
-_SCRATCH_MAX_BYTES = 64 << 20
+_SCRATCH_MAX_BYTES = THREADS["scratch_max_bytes"]
 
 
 def scratch(name: str, shape, dtype) -> np.ndarray:
@@ -447,8 +447,8 @@ def parallel_for(fn, n: int) -> None:
 
 #: work (elements touched; see :func:`run_ranges`) below which range work runs in one call on
 #: the calling thread, and the least work handed to one thread
-PARALLEL_MIN_ELEMENTS = 1 << 20
-PARALLEL_MIN_CHUNK = 1 << 18
+PARALLEL_MIN_ELEMENTS = THREADS["ranges_parallel_min_elements"]
+PARALLEL_MIN_CHUNK = THREADS["ranges_min_chunk_elements"]
 
 
 def run_ranges(fn, n_units: int, args: tuple, unit_cost: int = 1) -> None:
