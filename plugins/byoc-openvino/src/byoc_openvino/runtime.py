@@ -101,6 +101,12 @@ class OpenVINORegion:
             raise PluginError(f"openvino region {self.name!r}: the compiled model has {n_in} inputs and "
                               f"{len(compiled.outputs)} outputs, the artifact names {len(self.inputs)} and "
                               f"{len(self.outputs)}")
+        # each input's dimensions as the compiled model declares them (-1: dynamic; None: any rank)
+        self._dims: list[list[int] | None] = []
+        for port in compiled.inputs:
+            ps = port.get_partial_shape()
+            self._dims.append(None if ps.rank.is_dynamic else
+                              [d.get_length() if d.is_static else -1 for d in ps])
         self._idle: list[Any] = []
         self._lock = threading.Lock()
         self.requests_made = 0
@@ -124,6 +130,10 @@ class OpenVINORegion:
         # to share those) not a read-only 0-d array; np.ascontiguousarray would make a 0-d array 1-d
         feeds = [a if isinstance(a, np.ndarray) and a.flags.c_contiguous and (a.ndim or a.flags.writeable)
                  else np.array(a, order="C") for a in arrays]
+        for i, (a, dims) in enumerate(zip(feeds, self._dims)):
+            if dims is not None and (a.ndim != len(dims) or any(d >= 0 and d != s for d, s in zip(dims, a.shape))):
+                raise InputError(f"openvino region {self.name!r}: input {self.inputs[i]!r} has shape {list(a.shape)}, "
+                                 f"the compiled model takes {['?' if d < 0 else d for d in dims]}")
         request = self._borrow()
         try:
             result = request.infer(feeds, share_inputs=True, share_outputs=False)

@@ -16,6 +16,7 @@ in :data:`BYOC_RULES` where OpenVINO's result disagrees with ONNX's reference se
 
 from __future__ import annotations
 
+import re
 import threading
 import weakref
 from typing import Any, Iterable, Sequence
@@ -108,12 +109,13 @@ def submodel(nodes: Sequence[ir.Node], inputs: Sequence[ir.Value] | None = None,
 
 
 def _first_line(exc: BaseException) -> str:
+    """The part of an OpenVINO error that names the problem (its messages carry C++ call sites)."""
     text = " ".join(str(exc).split())
-    # the frontend's messages are long (a C++ call stack); keep the part that names the problem
-    for marker in ("OpenVINO does not support the following ONNX operations:", "Check '", "Exception from"):
-        i = text.find(marker)
-        if i >= 0 and marker.startswith("OpenVINO"):
-            return text[i:i + 300]
+    i = text.find("Failed operations detailed log:")
+    if i >= 0:
+        text = text[i + len("Failed operations detailed log:"):].strip(" -")
+    text = re.sub(r"(Exception from )?src/\S+:\d+:? ?", "", text)
+    text = re.sub(r"Check '(.*?)' failed at ", r"check '\1' failed ", text)
     return text[:300]
 
 
