@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 

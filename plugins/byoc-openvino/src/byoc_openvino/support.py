@@ -9,9 +9,9 @@ that became no named operation, a graph the frontend refuses as a whole, a node 
 body), the node is asked about alone: a one-node model of it, read and queried the same way.
 
 Every refusal has a reason that lands in byoc's report: the frontend's own error (an operator it
-does not convert), the device's (``query_model`` left out operations ``Foo``), or one of the rules
-in :data:`BYOC_RULES` where OpenVINO's result disagrees with ONNX's reference semantics (found by
-``byoc conformance openvino``, see the README).
+does not convert), the device's (``query_model`` left out operations ``Foo``), or the plugin's
+own (control flow, non-tensor values). Where OpenVINO's results differ from ONNX's reference
+(found by ``byoc conformance openvino``), the runtime corrects them (see the README).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import onnx
 import onnx_ir as ir
@@ -57,7 +57,7 @@ def _opsets(graph: ir.Graph | None) -> dict[str, int]:
 
 
 def _value_info(v: ir.Value) -> onnx.ValueInfoProto:
-    return ir.serde.serialize_value(v)
+    return ir.serde.serialize_value(v)  # name, type and shape (None: left out)
 
 
 def submodel(nodes: Sequence[ir.Node], inputs: Sequence[ir.Value] | None = None,
@@ -211,9 +211,6 @@ def verdict(node: ir.Node, ctx: SupportContext) -> Any:
     for v in list(node.inputs) + list(node.outputs):
         if v is not None and v.type is not None and not isinstance(v.type, ir.TensorType):
             return f"{node.op_type}: {v.name!r} is a {v.type} (OpenVINO regions take tensors only)"
-    reason = byoc_rule(node)
-    if reason:
-        return reason
     try:
         device = engine.resolve_device(str(ctx.options.get("device", "CPU")))
     except Exception as exc:
@@ -246,26 +243,11 @@ def whole_graph_supported(graph: ir.Graph | None, device: str) -> bool:
     return entry is not None and entry[0] == _signature(graph) and entry[1] == device and entry[2]
 
 
-# -- where OpenVINO's answer is not ONNX's: byoc's own rules (see the README) -------------------------
-
-DT = ir.DataType
-
-
-def byoc_rule(node: ir.Node) -> str | None:
-    """A refusal byoc-openvino adds on top of OpenVINO's answer, where ``byoc conformance openvino``
-    found OpenVINO computing something other than ONNX's reference (each documented in the README)."""
-    return None
-
-
 def all_operators() -> list[str]:
     """Every operator of the default ONNX domain (OpenVINO is asked about each node)."""
     names = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain in ("", "ai.onnx")}
     return sorted(names)
 
 
-def iter_nodes(nodes: Iterable[ir.Node]) -> list[ir.Node]:
-    return list(nodes)
-
-
-__all__ = ["CONTROL_FLOW", "all_operators", "ask_alone", "ask_graph", "byoc_rule", "submodel", "verdict",
+__all__ = ["CONTROL_FLOW", "all_operators", "ask_alone", "ask_graph", "submodel", "verdict",
            "whole_graph_supported"]
