@@ -45,15 +45,16 @@ def warmup(session: nox.Session) -> None:
 def fuzz(session: nox.Session) -> None:
     """The structure-aware fuzzer: `nox -s fuzz -- --seconds 600` or `-- --count 5000 --seed 3`."""
     _install(session)
+    session.install("-e", "./tools/byoc-fuzz")
     args = session.posargs or ["--count", "2000"]
-    session.run("python", "-m", "byoc.testing.fuzz", *args)
+    session.run("python", "-m", "byoc_fuzz", *args)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over every package."""
     session.install("ruff>=0.4")
-    session.run("ruff", "check", "core", "plugins", "tests", "benchmarks", "examples", "noxfile.py")
+    session.run("ruff", "check", "core", "plugins", "tools", "tests", "benchmarks", "examples", "noxfile.py")
 
 
 @nox.session

@@ -342,3 +342,20 @@ def test_known_exceptions_are_still_needed(entry):
     if not path.exists():
         pytest.fail(f"{entry}: the file is gone; remove the exception")
     assert name in {n for n, _ in long_functions(path)}, f"{entry} is no longer over the limit; remove the exception"
+
+
+def test_every_environment_variable_is_in_the_one_table():
+    """byoc and its plugins read ``BYOC_*`` variables through byoc.contract.environment, whose
+    table documents each one."""
+    import re
+
+    from byoc.contract.environment import VARIABLES
+
+    roots = [REPO / "core" / "src", *sorted((REPO / "plugins").glob("*/src"))]
+    undocumented, direct = set(), []
+    for path in (p for root in roots for p in sorted(root.rglob("*.py"))):
+        text = path.read_text(encoding="utf-8")
+        undocumented.update(set(re.findall(r"\bBYOC_[A-Z0-9_]*[A-Z0-9]\b", text)) - set(VARIABLES))
+        direct += [f"{path.relative_to(REPO)}: {m}" for m in re.findall(r"environ(?:\.get)?\(\s*[\"']BYOC_\w+", text)]
+    assert not undocumented, f"BYOC_* variables missing from byoc.contract.environment.VARIABLES: {sorted(undocumented)}"
+    assert not direct, "read BYOC_* variables through byoc.contract.environment.get:\n" + "\n".join(direct)

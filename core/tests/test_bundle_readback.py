@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import byoc
 from byoc.cliutil import note_skipped
 from byoc.report import FORMATS
-from byoc.testing import fuzz_hostile as fh
+import byoc_fuzz.hostile as fh
 
 
 def _load(members: dict[str, bytes], policy: str = "dynamic", fallback=None):

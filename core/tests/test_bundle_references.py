@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import byoc
-from byoc.testing import fuzz_hostile as fh
+import byoc_fuzz.hostile as fh
 
 REGION = "regions/0000/region.onnx"
 

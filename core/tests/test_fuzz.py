@@ -11,7 +11,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from byoc.testing import fuzz
+import byoc_fuzz as fuzz
 
 
 def test_fixed_seed_fuzz_run_has_no_findings():
@@ -45,7 +45,7 @@ def test_every_mutation_applies_to_some_seed_model():
 
 
 def test_bundle_and_plugin_cases_end_in_success_or_a_byoc_error():
-    from byoc.testing.fuzz import fuzz
+    from byoc_fuzz import fuzz
 
     summary = fuzz(count=40, seed=7, kinds=("bundle", "plugin"))
     assert summary.cases == 40 and summary.ok, [(f.kind, f.mutations, f.detail) for f in summary.findings]
@@ -56,7 +56,7 @@ def test_hostile_plugin_kinds_are_all_contained():
     import random
 
     import byoc
-    from byoc.testing import fuzz_hostile
+    from byoc_fuzz import hostile as fuzz_hostile
 
     for hook in fuzz_hostile.HOOKS:
         for behaviour in fuzz_hostile.BEHAVIOURS:

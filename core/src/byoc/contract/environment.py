@@ -29,6 +29,9 @@ VARIABLES: dict[str, str] = {
     "BYOC_CPU_CACHE_MAX_MODULES": "byoc-cpu: most generated modules kept in its cache",
     "BYOC_CPU_NATIVE": "byoc-cpu: 1/0 compiles generated code for this CPU's features or a portable baseline",
     "BYOC_CPU_PROFILE": "byoc-cpu: the tuning profile to use (a name from byoc_cpu/tuning/)",
+    # byoc-openvino
+    "BYOC_OPENVINO_CACHE": "byoc-openvino: folder of compiled blobs ('' for none; default ~/.cache/byoc/openvino)",
+    "BYOC_OPENVINO_VERBOSE": "byoc-openvino: 1 prints one line per compile, import and call on stderr",
     # byoc-jetson
     "BYOC_JETSON_CACHE": "byoc-jetson: folder of built TensorRT engines",
 }

@@ -3,17 +3,18 @@
 Every input is viewed in the canonical 5-D layout ``(N, C, D, H, W)``
 (:func:`byoc.contract.geometry.canon5`), so one Numba specialisation per dtype serves all ranks.
 
-Conv is an im2col patch matrix (a parallel Numba loop) times the weight matrix (numpy's BLAS
-product), per image and group; grouped convolutions with few channels per group (depthwise)
-run a direct loop nest instead. ConvTranspose is the transposed product followed by a col2im
-scatter. 16-bit floats are computed in float32.
+Conv is an im2col patch matrix (a Numba loop) times the weight matrix (numpy's BLAS product,
+on BLAS's threads), per image and group; grouped convolutions with few channels per group
+(depthwise) run a direct loop nest instead. ConvTranspose is the transposed product followed by
+a col2im scatter. 16-bit floats are computed in float32. The loops are serial: an OpenMP pool
+(Numba's ``prange``) keeps spinning after its loop and measured 3-8x slower BLAS products next
+to it.
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import prange
 
 from byoc.contract.geometry import auto_pad_mode, canon5, int_list, pad3, window_geometry
 from byoc.kernels.elementwise import compute_dtype
@@ -43,13 +44,13 @@ def valid_range(o_n, s, off, n):
     return min(lo, hi), hi
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@numba.njit(cache=True, nogil=True)
 def _im2col(x, xo, c, d, h, w, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, pt, pl, od, oh, ow, col, co):
     """The patch matrix of one image (and group): ``x[xo:]`` holds ``(c, d, h, w)``; row
     ``((ci*kd + a)*kh + b)*kw + e`` of ``col[co:]`` (``od*oh*ow`` wide) holds tap ``(a, b, e)``
     of channel ``ci`` at every output position, zero outside the input."""
     n_out = od * oh * ow
-    for ci in prange(c):
+    for ci in range(c):
         for a in range(kd):
             for b in range(kh):
                 for e in range(kw):
@@ -94,14 +95,14 @@ def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co):
                     col[dst + hi:dst + ow] = 0
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@numba.njit(cache=True, nogil=True)
 def _direct(x, w, bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw, out):
-    """Grouped convolution as a loop nest, one output channel of one image per parallel unit."""
+    """Grouped convolution as a loop nest, one output channel of one image at a time."""
     nb, _, d_, h_, w_ = x.shape
     m_, cg, kd_, kh_, kw_ = w.shape
     _, _, od_, oh_, ow_ = out.shape
     mg = m_ // group
-    for u in prange(nb * m_):
+    for u in range(nb * m_):
         n, m = u // m_, u % m_
         g = m // mg
         o = out[n, m]
@@ -128,12 +129,11 @@ def _direct(x, w, bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw, out):
                                     dst[j] += wv * src[j * sw + offw]
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@numba.njit(cache=True, nogil=True)
 def _col2im_add(col, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, id_n, ih_n, iw_n, n, m0, mg, out):
-    """ConvTranspose scatter: ``out[n, m0+m, i*s - p + k*d] += col[(m, k), i]``, one output
-    channel per parallel unit."""
+    """ConvTranspose scatter: ``out[n, m0+m, i*s - p + k*d] += col[(m, k), i]``."""
     _, _, od_, oh_, ow_ = out.shape
-    for m in prange(mg):
+    for m in range(mg):
         o = out[n, m0 + m]
         for kd in range(kd_):
             for kh in range(kh_):

@@ -30,6 +30,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping
 
+from byoc.contract import environment as _env
+
 #: calls made in this process: compile_model (region -> device code), import_model (blob -> device
 #: code), blobs served from the in-memory memo or the cache folder instead of compiling
 STATS = {"compiles": 0, "imports": 0, "memo_hits": 0, "cache_hits": 0, "queries": 0}
@@ -129,7 +131,7 @@ def blob_header(blob: bytes) -> dict[str, str]:
 
 
 def _trace(message: str) -> None:
-    if os.environ.get("BYOC_OPENVINO_VERBOSE", "") not in ("", "0"):
+    if _env.get("BYOC_OPENVINO_VERBOSE") not in ("", "0"):
         print(f"byoc-openvino: {message}", file=sys.stderr, flush=True)
 
 

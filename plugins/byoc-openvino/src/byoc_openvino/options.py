@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
+from byoc.contract import environment as _env
 from byoc.contract import Option, Target, resolve_options
 
 DEVICES = ("CPU", "GPU", "NPU", "AUTO")
@@ -46,21 +47,11 @@ def validate_options(options: Mapping[str, Any] | None = None) -> dict[str, Any]
 
 
 def threads(options: Mapping[str, Any]) -> int:
-    """The thread count: the option, else ``$BYOC_NUM_THREADS``, else ``os.cpu_count()``."""
+    """The thread count: the option, else ``$BYOC_NUM_THREADS``, else the usable cores."""
     chosen = options.get("threads")
     if chosen:
         return int(chosen)
-    env = os.environ.get("BYOC_NUM_THREADS", "").strip()
-    if env:
-        try:
-            n = int(env)
-            if n >= 1:
-                return n
-        except ValueError:
-            pass
-        warnings.warn(f"byoc-openvino: BYOC_NUM_THREADS={env!r} is not a positive integer; using os.cpu_count()",
-                      RuntimeWarning, stacklevel=2)
-    return max(1, os.cpu_count() or 1)
+    return _env.num_threads()
 
 
 def compile_config(options: Mapping[str, Any], device: str) -> dict[str, Any]:
@@ -91,7 +82,7 @@ def cache_dir(options: Mapping[str, Any]) -> Path | None:
     """The blob cache folder the options select, or ``None`` for no cache (``cache_dir=""``)."""
     chosen = options.get("cache_dir")
     if chosen is None:
-        chosen = os.environ.get("BYOC_OPENVINO_CACHE")
+        chosen = _env.get("BYOC_OPENVINO_CACHE", None)
         if chosen is None:
             return Path.home() / ".cache" / "byoc" / "openvino"
     if not str(chosen).strip():

@@ -1,4 +1,4 @@
-"""Fuzz cases for bundles and plugins (issue 18, acceptance 2), used by :mod:`byoc.testing.fuzz`.
+"""Fuzz cases for bundles and plugins, used by :mod:`byoc_fuzz`.
 
 *Bundle* cases save a small compiled model (one offloaded region of an in-process echo target;
 or, for a static-shape target, a symbolic batch with two per-shape specialisations) and damage

@@ -5,14 +5,14 @@ element types, wrong data lengths, missing inputs, cycles, absurd shapes, deep n
 and NUL in names, external-data tricks, attribute damage, bogus opsets) or a byte-level one,
 then compiles the result and, if that succeeds, runs it on small random inputs. Bundle cases
 (damaged options, members and compression) and hostile-plugin cases come from
-:mod:`byoc.testing.fuzz_hostile` (``--kinds model,bundle,plugin``, all by default).
+:mod:`byoc_fuzz.hostile` (``--kinds model,bundle,plugin``, all by default).
 
 Every case must end in success or a :class:`byoc.ByocError`. Anything else is a finding: an
 exception of a foreign type, a case slower than the time limit (a hang), or one that allocated
 more than the memory cap (traced by ``tracemalloc``, which sees numpy's buffers).
 
-    python -m byoc.testing.fuzz --count 500 --seed 1
-    python -m byoc.testing.fuzz --seconds 300          # nox -s fuzz -- --seconds 300
+    python -m byoc_fuzz --count 500 --seed 1
+    python -m byoc_fuzz --seconds 300          # nox -s fuzz -- --seconds 300
 
 Recorded runs (issue 18, acceptance 2: 10,000 cases across the model, bundle and plugin kinds,
 default limits: 20 s and 256 MiB per case, 8 GiB address space; on a 2-core machine shared with
@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import math
 import random
-import sys
 import time
 import tracemalloc
 import warnings
@@ -464,7 +463,7 @@ def run_case(data: bytes, rng: random.Random, *, seed_model: str = "", mutations
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if callable(data):  # a bundle or plugin case (byoc.testing.fuzz_hostile)
+            if callable(data):  # a bundle or plugin case (byoc_fuzz.hostile)
                 out.mutations = data(rng, budget)
             else:
                 compiled = byoc.compile(data, targets=[], budget=budget)
@@ -514,12 +513,12 @@ class Summary:
 
 
 def make_any_case(rng: random.Random, kinds: Sequence[str] = ("model",)) -> tuple[str, list[str], Any]:
-    """A model case (:func:`make_case`), or a bundle or plugin case (:mod:`byoc.testing.fuzz_hostile`),
+    """A model case (:func:`make_case`), or a bundle or plugin case (:mod:`byoc_fuzz.hostile`),
     whose ``data`` is then a callable ``(rng, budget) -> mutation names``."""
     kind = rng.choice(list(kinds))
     if kind == "model":
         return make_case(rng)
-    from byoc.testing import fuzz_hostile
+    from byoc_fuzz import hostile as fuzz_hostile
 
     return kind, [], {"bundle": fuzz_hostile.bundle_case, "plugin": fuzz_hostile.plugin_case}[kind]
 
@@ -554,7 +553,7 @@ def replay(case_seed: int, kinds: Sequence[str] = KINDS) -> Outcome:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m byoc.testing.fuzz", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m byoc_fuzz", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, help="number of cases (default 200 when --seconds is not given)")
     parser.add_argument("--seconds", type=float, help="run for this long")
@@ -593,6 +592,3 @@ def main(argv: list[str] | None = None) -> int:
               f"mutations {f.mutations}: {f.detail}")
     return 0 if s.ok else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())
