@@ -227,3 +227,24 @@ def test_unknown_option_is_an_error():
 def test_import_byoc_does_not_import_torch():
     code = "import sys, byoc, byoc.torch, byoc.frontend.pytorch; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_in_place_change_of_an_input_runs_eagerly(compiles):
+    """The export traces on copies; a graph that changes its input in place keeps PyTorch's semantics."""
+    def bump(x, y):
+        x.add_(1)
+        return x * y
+
+    x, y = torch.zeros(3), torch.full((3,), 2.0)
+    with torch.no_grad(), pytest.warns(byoc_torch.FallbackWarning, match="changes x in place"):
+        out = torch.compile(bump, backend="byoc")(x, y)
+    assert x.tolist() == [1.0] * 3 and out.tolist() == [2.0] * 3 and not compiles
+
+    class Bump(torch.nn.Module):
+        def forward(self, x):
+            return x.mul_(2)
+
+    x = torch.ones(2)
+    with pytest.raises(byoc.ModelLoadError, match="changes input"):
+        byoc.compile(Bump().eval(), example_inputs=x)
+    assert x.tolist() == [1.0, 1.0]  # compiling did not change the caller's tensor

@@ -31,7 +31,7 @@ import numpy as np
 
 from byoc.compiler import compile as byoc_compile
 from byoc.errors import InferenceOnlyError, ModelLoadError, OptionError
-from byoc.frontend.pytorch import check_inference, export, symbol
+from byoc.frontend.pytorch import changed, check_inference, export, symbol
 
 #: the option names ``torch.compile(..., options=)`` may hold: byoc.compile's keyword arguments
 OPTIONS = frozenset(inspect.signature(byoc_compile).parameters) - {"model", "example_inputs"}
@@ -57,7 +57,7 @@ def backend(gm: Any, example_inputs: Sequence[Any], *, options: dict | None = No
     piece = _Piece(gm, example_inputs)
     try:
         piece.check_supported()
-        proto = export(piece.module(), piece.args, piece.names, piece.n_outputs, piece.dynamic)
+        proto = piece.export()
         compiled = byoc_compile(proto, **opts)
     except Exception as exc:
         if opts.get("strict"):
@@ -149,8 +149,19 @@ class _Piece:
         if bad:
             raise ModelLoadError(f"the graph returns {len(bad)} value(s) that are not tensors")
 
+    def export(self) -> Any:
+        """The graph as ONNX, traced on copies: a graph that changes its inputs or weights in place is refused."""
+        module = self.module()
+        copies = [a.detach().clone() for a in self.args]
+        proto = export(module, copies, self.names, self.n_outputs, self.dynamic)
+        names = self.names + [f"weight {i}" for i in self.frozen]
+        bad = changed(names, copies + [getattr(module, f"w{i}") for i in self.frozen], self.args + list(self.frozen.values()))
+        if bad:
+            raise ModelLoadError(f"the graph changes {', '.join(bad)} in place; byoc returns new tensors only")
+        return proto
+
     def module(self) -> Any:
-        """An ``nn.Module`` over the user inputs only, weights as buffers, sizes read off the inputs."""
+        """An ``nn.Module`` over the user inputs only, copies of the weights as buffers, sizes read off the inputs."""
         import torch
 
         piece = self
@@ -160,7 +171,7 @@ class _Piece:
                 super().__init__()
                 self.gm = piece.gm
                 for i, t in piece.frozen.items():
-                    self.register_buffer(f"w{i}", t, persistent=False)
+                    self.register_buffer(f"w{i}", t.clone(), persistent=False)
 
             def forward(self, *xs):
                 args = list(piece.example)

@@ -47,6 +47,14 @@ def check_inference(tensors: Sequence[Any], what: str) -> None:
                                  "torch.no_grad() / torch.inference_mode()")
 
 
+def changed(names: Sequence[str], before: Sequence[Any], after: Sequence[Any]) -> list[str]:
+    """The names whose tensor differs between ``before`` and ``after`` (NaN equals NaN)."""
+    import torch
+
+    return [n for n, a, b in zip(names, before, after) if not torch.equal(a, b) and not torch.allclose(
+        a, b, rtol=0, atol=0, equal_nan=True)]
+
+
 def export(module: Any, args: Sequence[Any], names: Sequence[str], n_outputs: int,
            dynamic: Mapping[str, Mapping[int, str]] | None = None) -> onnx.ModelProto:
     """``module(*args)`` as an ONNX model: inputs ``names``, outputs ``output0..``, ``dynamic``
@@ -98,8 +106,13 @@ def module_to_onnx(module: Any, example_inputs: Any) -> onnx.ModelProto:
     if not all(isinstance(a, torch.Tensor) for a in args):
         raise ModelLoadError("example_inputs must be tensors (a tensor, a tuple of them or a dict name -> tensor)")
     check_inference(args, type(module).__name__)
+    copies = [a.detach().clone() for a in args]  # the export runs forward: the caller's tensors stay as they are
     with torch.no_grad():
-        n_outputs = len([t for t in torch.utils._pytree.tree_leaves(module(*args)) if isinstance(t, torch.Tensor)])
+        outputs = torch.utils._pytree.tree_leaves(module(*copies))
     dynamic = {n: {d: f"{symbol(n)}_dim{d}" for d in sorted(getattr(a, "_dynamo_dynamic_indices", ()))}
                for n, a in zip(names, args)}
-    return export(module, args, names, n_outputs, dynamic)
+    proto = export(module, copies, names, len([t for t in outputs if isinstance(t, torch.Tensor)]), dynamic)
+    if changed(names, copies, args):
+        raise ModelLoadError(f"{type(module).__name__}.forward changes input(s) {changed(names, copies, args)} in "
+                             "place; a byoc model returns new tensors only")
+    return proto
