@@ -248,3 +248,18 @@ def test_in_place_change_of_an_input_runs_eagerly(compiles):
     with pytest.raises(byoc.ModelLoadError, match="changes input"):
         byoc.compile(Bump().eval(), example_inputs=x)
     assert x.tolist() == [1.0, 1.0]  # compiling did not change the caller's tensor
+
+
+def test_non_contiguous_inputs_and_outputs_that_stay_valid(compiles):
+    """A transposed input after a contiguous one (Dynamo recompiles with a symbolic stride the graph does not
+    use); each call's outputs are arrays of their own, not overwritten by the next call."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)).eval()
+    compiled = torch.compile(model, backend="byoc", options={"targets": ["cpu"]})
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", byoc_torch.FallbackWarning)
+        first = compiled(torch.randn(4, 8))
+        kept = first.clone()
+        for cols in (4, 6):
+            x = torch.randn(8, cols).t()
+            assert_close(compiled(x), model(x))
+    assert torch.equal(first, kept) and len(compiles) >= 2

@@ -99,6 +99,8 @@ class _Piece:
                 self.dynamic[self.names[-1]] = {d: symbol(str(s.node.expr)) for d, s in enumerate(shape)
                                                 if isinstance(s, torch.SymInt)}
         for i, value in enumerate(self.example):
+            if isinstance(value, torch.SymInt) and not nodes[i].users:
+                continue  # a symbol Dynamo passes along (a stride, say) that the graph does not use
             if isinstance(value, torch.SymInt):
                 self.sizes[i] = self._size_of(torch, value, i, nodes[i].name)
             elif not isinstance(value, torch.Tensor):
