@@ -220,6 +220,9 @@ def test_unknown_option_is_an_error():
     with pytest.raises(Exception, match="unknown option.*'target'"):
         torch.compile(torch.nn.Linear(2, 2), backend="byoc", options={"target": ["cpu"]})(torch.randn(1, 2))
     torch._dynamo.reset()
+    with pytest.raises(Exception, match="OptionError.*placement"):  # a wrong value raises too, no eager fallback
+        torch.compile(torch.nn.Linear(2, 2), backend="byoc", options={"placement": "nosuch"})(torch.randn(1, 2))
+    torch._dynamo.reset()
     with pytest.raises(byoc.OptionError, match="example_inputs"):
         byoc.compile(b"", example_inputs=(torch.randn(1),))
 

@@ -60,7 +60,7 @@ def backend(gm: Any, example_inputs: Sequence[Any], *, options: dict | None = No
         proto = piece.export()
         compiled = byoc_compile(proto, **opts)
     except Exception as exc:
-        if opts.get("strict"):
+        if opts.get("strict") or isinstance(exc, OptionError):  # a wrong option is the caller's to fix
             raise
         reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
         warnings.warn(f"byoc: a graph of {piece.n_ops} PyTorch operation(s) runs eagerly: {reason}",
