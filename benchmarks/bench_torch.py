@@ -17,7 +17,11 @@ byoc's export + ``byoc.compile``), ``first call`` (the whole first call: Dynamo'
 backend compile and the first run with its JIT or cache loads: what a user waits for), the
 median wall time of the warm runs, timed **interleaved** (each repeat runs every engine once,
 the starting engine rotating, so load from other processes hits all alike), the ratio to
-eager (lower is faster) and the largest absolute difference from eager's outputs.
+eager (lower is faster) and the largest absolute difference from eager's outputs. Both
+compilers keep on-disk caches (inductor's ``TORCHINDUCTOR_CACHE_DIR``, byoc's Numba kernels in
+``NUMBA_CACHE_DIR``): the first run on a machine compiles far longer than later runs, so say
+which one a table shows (point both variables at empty folders for a cold run). On a busy
+machine multi-threaded pools collapse (docs: byoc.kernels.threads): time on a quiet one.
 
     python benchmarks/bench_torch.py                  # all three, 20 repeats
     python benchmarks/bench_torch.py -m resnet18 -r 50 --json torch.json
