@@ -30,6 +30,7 @@ from byoc.codegen import (
 )
 from byoc.errors import OptionError
 from byoc.frontend import load_model
+from byoc.frontend import pytorch as _pytorch
 from byoc.frontend.loader import ModelLike
 from byoc.partition.partitioner import Partitioner, _Faults, ensure_node_names, subgraph_scopes
 from byoc.partition import measure as _measure
@@ -100,10 +101,12 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     input_shapes: Mapping[str, Sequence[int] | int] | None = None,
     measure_budget_s: float | None = None,
     host: str | None = None,
+    example_inputs: Any = None,
 ) -> CompiledModel:
-    """Compile an ONNX model.
+    """Compile an ONNX model (or a ``torch.nn.Module``, exported to ONNX first).
 
-    :param model: a path, bytes, ``onnx.ModelProto`` or ``onnx_ir.Model``.
+    :param model: a path, bytes, ``onnx.ModelProto`` or ``onnx_ir.Model``; or a ``torch.nn.Module``
+        in eval mode with ``example_inputs`` (see :mod:`byoc.frontend.pytorch`).
     :param targets: vendor targets in priority order; ``None`` uses every installed target whose
         device is present here (``Target.available``; emulations run only when named) in its
         declared default priority, ``[]`` runs everything on the host.
@@ -137,10 +140,18 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         installed CPU executor with the highest priority (byoc-cpu's tuned kernels where
         installed; ``BYOC_HOST_EXECUTOR`` overrides), ``"reference"`` byoc's reference kernels,
         or an executor's name (see :mod:`byoc.contract.host`).
+    :param example_inputs: for a ``torch.nn.Module``: a tensor, a tuple of tensors or a dict
+        name -> tensor; the module is exported with them (``mark_dynamic`` dims stay symbolic).
     :returns: a :class:`CompiledModel`.
     """
+    if _pytorch.is_module(model):
+        model = _pytorch.module_to_onnx(model, example_inputs)
+    elif example_inputs is not None:
+        raise OptionError("example_inputs is for a torch.nn.Module; an ONNX model takes input_shapes")
     if placement not in PLACEMENTS:
         raise OptionError(f"placement={placement!r}: expected one of {', '.join(map(repr, PLACEMENTS))}")
+    if host is not None and not isinstance(host, str):
+        raise OptionError(f"host={host!r}: expected an executor's name, 'reference' or None")
     if measure_budget_s is not None and (isinstance(measure_budget_s, bool) or not isinstance(
             measure_budget_s, (int, float)) or not 0 <= measure_budget_s < math.inf):
         raise OptionError(f"measure_budget_s={measure_budget_s!r}: expected a finite number of seconds >= 0")

@@ -70,6 +70,10 @@ class PluginError(ByocError):
     """A vendor plugin misbehaved; the message names the plugin and the hook."""
 
 
+class InferenceOnlyError(ByocError):
+    """A PyTorch model in training mode, or a call that needs gradients: byoc compiles inference only."""
+
+
 class BundleError(ByocError):
     """A saved bundle is missing, tampered, truncated, or needs an unavailable plugin."""
 
@@ -79,6 +83,7 @@ __all__ = [
     "BundleError",
     "CalibrationRequiredError",
     "ExternalDataError",
+    "InferenceOnlyError",
     "InputError",
     "KernelError",
     "ModelLoadError",
