@@ -17,6 +17,10 @@ byoc / onnxruntime (lower is better for byoc), and the geometric mean of the rat
     python benchmarks/bench_models.py -t cpu                # a plugin target vs host vs onnxruntime
     python benchmarks/bench_models.py -t cpu --json results.json
     python benchmarks/bench_models.py -t cpu --ort-extended  # + onnxruntime without NCHWc
+    BYOC_HOST_EXECUTOR=reference python benchmarks/bench_models.py   # the core's reference kernels
+
+The ``host`` column is ``targets=[]``: byoc-cpu's host executor where byoc-cpu is installed,
+the core's reference kernels otherwise (or with ``BYOC_HOST_EXECUTOR=reference``).
 """
 
 from __future__ import annotations
@@ -118,11 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     names = args.model or list(ZOO)
     cols = (["ortx"] if args.ort_extended else []) + ["+".join(t) or "host" for t in target_sets]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    from byoc_cpu.host import threads
+    from byoc.plugins import host_executor
 
-    print(f"byoc vs onnxruntime, {os.cpu_count()} cores, {args.threads} threads per engine (byoc pool: "
-          f"{threads.num_threads()}), onnxruntime spinning {'on' if args.ort_spin else 'off'}, load {load:.1f}; "
-          f"interleaved, median of {args.runs} (ms; cpu = process CPU time per run)")
+    executor = host_executor()
+    print(f"byoc vs onnxruntime, {os.cpu_count()} cores, {args.threads} threads per engine, host nodes on "
+          f"{'byoc-' + executor.name + ' (host executor)' if executor else 'the reference kernels'}, onnxruntime "
+          f"spinning {'on' if args.ort_spin else 'off'}, load {load:.1f}; interleaved, median of {args.runs} "
+          f"(ms; cpu = process CPU time per run)")
     head = f"{'model':<14}{'ort':>9}{'ort cpu':>9}"
     for c in cols:
         head += f"{c:>9}{c + ' cpu':>10}{'ratio':>7}"

@@ -116,13 +116,16 @@ def _fresh_env(folder: str) -> dict[str, str]:
     return env
 
 
-def fresh_install(name: str, targets: list[str], repeats: int, warm_first: bool, helpers: str | None = None) -> dict:
+def fresh_install(name: str, targets: list[str], repeats: int, warm_first: bool, helpers: str | None = None,
+                  extra_env: dict[str, str] | None = None) -> dict:
     """Compile + first run in new processes with empty caches (optionally filled by ``byoc warmup``);
-    ``helpers``: ``BYOC_JIT_HELPERS`` for the run (``None``: the default)."""
+    ``helpers``: ``BYOC_JIT_HELPERS`` for the run (``None``: the default); ``extra_env``: more
+    variables for the child."""
     rows, warmups = [], []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="byoc-startup-") as folder:
             env = _fresh_env(folder)
+            env.update(extra_env or {})
             if helpers is not None:
                 env["BYOC_JIT_HELPERS"] = helpers
             if warm_first:
@@ -177,15 +180,20 @@ def main(argv: list[str] | None = None) -> int:
 
         other = "0" if helper_count() else "1"  # the default against the other choice
         r50 = "ResNet-50"
-        cold = [(r50, "fresh install, host", [], False, None),
-                (r50, f"fresh install, host, BYOC_JIT_HELPERS={other}", [], False, other),
-                (r50, "fresh install, cpu", ["cpu"], False, None), (r50, "after `byoc warmup`, host", [], True, None)]
-        cold += [(m, "fresh install, cpu", ["cpu"], False, None) for m in args.cpu_models.split(",") if m]
+        ref = {"BYOC_HOST_EXECUTOR": "reference"}
+        # "host": targets=[] (byoc-cpu's host executor where byoc-cpu is installed); "reference":
+        # the core's reference kernels (what a core-only install runs)
+        cold = [(r50, "fresh install, host", [], False, None, None),
+                (r50, "fresh install, host, reference kernels", [], False, None, ref),
+                (r50, f"fresh install, host, BYOC_JIT_HELPERS={other}", [], False, other, None),
+                (r50, "fresh install, cpu", ["cpu"], False, None, None),
+                (r50, "after `byoc warmup`, host", [], True, None, None)]
+        cold += [(m, "fresh install, cpu", ["cpu"], False, None, None) for m in args.cpu_models.split(",") if m]
         figs: dict[tuple[str, str], list[dict]] = {(m, label): [] for m, label, *_ in cold}
         for _ in range(args.cold_repeats):  # interleaved: one of each per round
-            for model, label, targets, warm_first, helpers in cold:
+            for model, label, targets, warm_first, helpers, extra in cold:
                 name = "resnet50" if model == r50 else model
-                figs[model, label].append(fresh_install(name, targets, 1, warm_first, helpers))
+                figs[model, label].append(fresh_install(name, targets, 1, warm_first, helpers, extra))
         for model, label, *_ in cold:
             runs = figs[model, label]
             fig = {key: _median_pair([r[key] for r in runs]) for key in runs[0]

@@ -28,8 +28,9 @@ from pathlib import Path
 import pytest
 
 MAX_FUNCTION_LINES = 100
-#: the core's size (``core/src``, every line of every Python file)
-CORE_MAX_LINES = 26_500
+#: the core's size (``core/src``, every line of every Python file): a ratchet on the way to the
+#: small-core goal of 20,000 lines; lower it as the core shrinks, never raise it
+CORE_MAX_LINES = 25_750
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -271,7 +272,8 @@ def test_plugins_import_only_the_public_api(package):
 
 
 #: what a plain reference has no use for: hand-built LLVM IR, intrinsics, C callbacks, atomics
-ENGINE_MARKERS = ("llvmlite", "intrinsic", "cfunc", "atomic_rmw", "cmpxchg", "load_atomic", "store_atomic")
+ENGINE_MARKERS = ("llvmlite", "@intrinsic", "import intrinsic", "@cfunc", "cfunc(", "atomic_rmw", "cmpxchg", "load_atomic",
+                  "store_atomic")
 
 
 def test_the_core_holds_no_tuned_engine():

@@ -211,12 +211,15 @@ def test_saving_is_deterministic_and_load_save_is_a_fixed_point(compiled, saved,
 
 
 def test_host_only_roundtrip_never_consults_plugins(tmp_path, monkeypatch):
+    """A host-only bundle needs no target: with the reference kernels chosen it loads without the
+    plugin registry (with an installed CPU executor it consults the registry for that alone)."""
     compiled = byoc.compile(make_model(), targets=[])
     path = compiled.save(tmp_path / "host.byoc")
 
     def no_registry(*a, **k):
         raise AssertionError("a host-only bundle must not load plugins")
 
+    monkeypatch.setenv("BYOC_HOST_EXECUTOR", "reference")
     monkeypatch.setattr("byoc.plugins.get_registry", no_registry)
     loaded = byoc.load(path)
     assert loaded.regions == [] and loaded.targets == []

@@ -9,7 +9,6 @@ The memory side (refusals past the budget cost no memory) is ``test_budget_memor
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import numpy as np
@@ -26,79 +25,29 @@ import byoc.kernels
 from byoc.budget import Budget, einsum_shape
 from byoc.errors import ByocError, ResourceLimitError
 from byoc.kernels.registry import NodeSpec, make_kernel
+from byoc.testing.allocations import direct_allocations
 
 from budget_cases import _loop_doubles, _scan_accumulates, _single
 
 KERNELS = Path(byoc.kernels.__file__).parent
 
-# numpy calls that allocate an array whose size they work out themselves
-ALLOCATORS = {
-    "empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like", "pad", "tile",
-    "repeat", "concatenate", "stack", "hstack", "vstack", "dstack", "column_stack", "arange", "einsum",
-    "nonzero", "argwhere", "flatnonzero", "take", "take_along_axis", "kron", "outer", "indices", "eye",
-    "identity", "linspace", "meshgrid", "resize", "broadcast_arrays", "tri", "triu", "tril", "insert", "append",
-}
-
 # (module, function): why a direct numpy allocation there is bounded without a check of its own
 ALLOWED = {
-    ("conv.py", "winograd_weights"): "Winograd weights: a fixed multiple of the constant weight tensor",
-    ("conv.py", "_phase_shift"): "row offsets: one per input channel and tap of the weights",
-    ("conv.py", "_shift"): "row offsets: one per input channel and tap of the weights",
     ("elementwise.py", "binary"): "the broadcast output, checked by plan_for before the call",
     ("elementwise.py", "unary"): "the size of its (already budgeted) input",
-    ("gemm.py", "pack_a"): "a padded copy of a weight matrix",
-    ("gemm.py", "pack"): "an empty (M or K is 0) packed weight: one tile",
-    ("conv.py", ""): "a one-element no-bias constant, made at import (module level)",
-    ("gemm.py", "gemm_rows"): "a bias vector of one row of the output",
-    ("gemm.py", "gemm_acc"): "a bias vector of one row of the output",
-    ("gemm.py", ""): "an empty shared zero vector, made at import (module level)",
-    ("gemm.py", "_zeros"): "the shared zero bias, as long as the rows of the largest product so far",
-    ("gemm.py", "pack_narrow"): "a padded copy of a weight matrix",
-    ("gemm.py", "gemm_narrow"): "a bias vector of one row of the output",
-    ("gemm.py", "gemm_narrow_acc"): "a bias vector of one row of the output; a row table of the weight's depth",
     ("indexing.py", "make_trilu.run"): "the size of its input, checked just before",
     ("quant.py", "broadcast_param"): "checked just before (blocks * block_size)",
     ("resize.py", "_source_coords"): "one coordinate per output position; axis_taps checks first",
     ("resize.py", "axis_taps"): "the tap table; checked at the top of axis_taps",
     ("tensor.py", "_longest_run"): "the length of one index map, checked by gather_nd",
-    ("threads.py", "scratch"): "work buffers sized by kernels that checked their output",
-    ("threads.py", "__init__"): "the pool's shared words: 40 integers, once per pool",
-    ("blocked.py", "conv_job_block"): "a compiled job's argument block: 43 integers, once per layer and shape",
-    ("conv.py", "run"): "a blocked convolution's output in its steady state, the same shape the budget allowed before",
-    ("blocked.py", "blocked_weights"): "a stem's weights with their channels padded to 8, once per weight tensor",
 }
-
-
-def _jitted(fn: ast.FunctionDef) -> bool:
-    # Numba-compiled code cannot call back into Python; its Python caller sizes (and checks)
-    # every array it hands in or the kernel allocates
-    return any(k in ast.unparse(d) for d in fn.decorator_list for k in ("jit", "_inline", "intrinsic", "overload"))
-
-
-def _direct_allocations(path: Path) -> list[tuple[str, int, str]]:
-    found = []
-
-    def visit(node: ast.AST, scope: list[str]) -> None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            if _jitted(node):
-                return
-            scope = scope + [node.name]
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name) and node.func.value.id in ("np", "numpy")
-                and node.func.attr in ALLOCATORS):
-            found.append((".".join(scope), node.lineno, node.func.attr))
-        for child in ast.iter_child_nodes(node):
-            visit(child, scope)
-
-    visit(ast.parse(path.read_text()), [])
-    return found
 
 
 def test_kernel_modules_allocate_only_through_the_budgeted_allocator():
     offenders = []
     used = set()
     for path in sorted(KERNELS.glob("*.py")):
-        for scope, line, call in _direct_allocations(path):
+        for scope, line, call in direct_allocations(path):
             if (path.name, scope) in ALLOWED:
                 used.add((path.name, scope))
                 continue
@@ -112,7 +61,7 @@ def test_the_scan_sees_a_direct_allocation(tmp_path):
     src = tmp_path / "k.py"
     src.write_text("import numpy as np\n\ndef make(spec):\n    def run(x):\n        return np.tile(x, 9)\n"
                    "    return run\n\n@_jit\ndef inner(n):\n    return np.empty(n)\n")
-    assert _direct_allocations(src) == [("make.run", 5, "tile")]
+    assert direct_allocations(src) == [("make.run", 5, "tile")]
 
 
 # -------------------------------------------------------------------------------------------------

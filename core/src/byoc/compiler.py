@@ -148,13 +148,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         model = _pytorch.module_to_onnx(model, example_inputs)
     elif example_inputs is not None:
         raise OptionError("example_inputs is for a torch.nn.Module; an ONNX model takes input_shapes")
-    if placement not in PLACEMENTS:
-        raise OptionError(f"placement={placement!r}: expected one of {', '.join(map(repr, PLACEMENTS))}")
-    if host is not None and not isinstance(host, str):
-        raise OptionError(f"host={host!r}: expected an executor's name, 'reference' or None")
-    if measure_budget_s is not None and (isinstance(measure_budget_s, bool) or not isinstance(
-            measure_budget_s, (int, float)) or not 0 <= measure_budget_s < math.inf):
-        raise OptionError(f"measure_budget_s={measure_budget_s!r}: expected a finite number of seconds >= 0")
+    _check_placement_args(placement, measure_budget_s, host)
     check_compile_args(targets=targets, passes=passes, budget=budget, target_options=target_options,
                        strict=strict, hook_timeout=hook_timeout, calibration=calibration)
     budget = budget or DEFAULT_BUDGET
@@ -191,6 +185,16 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     if skipped:
         cm.options["skipped_targets"] = skipped
     return cm
+
+
+def _check_placement_args(placement: str, measure_budget_s: float | None, host: str | None) -> None:
+    if placement not in PLACEMENTS:
+        raise OptionError(f"placement={placement!r}: expected one of {', '.join(map(repr, PLACEMENTS))}")
+    if host is not None and not isinstance(host, str):
+        raise OptionError(f"host={host!r}: expected an executor's name, 'reference' or None")
+    if measure_budget_s is not None and (isinstance(measure_budget_s, bool) or not isinstance(
+            measure_budget_s, (int, float)) or not 0 <= measure_budget_s < math.inf):
+        raise OptionError(f"measure_budget_s={measure_budget_s!r}: expected a finite number of seconds >= 0")
 
 
 def shape_compiler(options: Mapping[str, Mapping[str, Any]], settings: "_Settings"):

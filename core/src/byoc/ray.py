@@ -24,7 +24,7 @@ What happens:
   resource named after the device kind of any other accelerator target (``{"dpu": 1}``: start
   the nodes that have one with ``ray start --resources='{"dpu": 1}'``). ``resources=`` overrides
   any of it (``{"num_gpus": 0}`` for a GPU target's CPU emulation).
-* byoc's thread pool in each actor has as many threads as the CPUs the actor asked for
+* the CPU engine in each actor uses as many threads as the CPUs the actor asked for
   (``BYOC_NUM_THREADS``), so actors sharing a node do not oversubscribe it, and Numba's cache
   (``NUMBA_CACHE_DIR``) is a folder local to each node.
 * Each actor logs (logger ``byoc.ray``, forwarded to the driver by Ray) how long fetching and

@@ -179,7 +179,7 @@ def _check_weights(spec: NodeSpec, x: np.ndarray, w: np.ndarray, c_axis_ok: bool
 
 def _bias(spec: NodeSpec, b, m: int, dt) -> np.ndarray:
     if b is None:
-        return np.zeros(m, dt)
+        return spec.alloc.zeros(m, dt)
     if b.shape != (m,):
         raise spec.error(f"B must have shape [{m}], got {list(b.shape)}")
     return np.ascontiguousarray(b, dtype=dt)

@@ -762,7 +762,7 @@ def k_where(c, x, y, out, dims, sc, sx, sy, start, stop):
 # Range kernels whose scalar operation is exactly one numpy ufunc's, per dtype kind: the same
 # IEEE (or wrapping integer) operation per element, so the same bits. On a flat plan these run
 # as the ufunc (no Numba compilation: about a second of a first run per kernel and dtype); the
-# ufuncs release the GIL, so the chunks still share the thread pool.
+# ufuncs release the GIL, so their chunks may run on a host executor's threads.
 _UFUNC_TWINS: dict[Callable, tuple[np.ufunc, str]] = {
     k_add: (np.add, "iuf"),
     k_sub: (np.subtract, "iuf"),
