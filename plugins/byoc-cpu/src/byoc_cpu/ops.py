@@ -25,6 +25,8 @@ from typing import Any, Callable
 import numpy as np
 import onnx_ir as ir
 
+from byoc.contract.geometry import auto_pad_mode, window_geometry
+
 FLOAT = ir.DataType.FLOAT
 
 #: unary elementwise ONNX operator -> instruction name (see :mod:`byoc_cpu.emit`)
@@ -99,42 +101,29 @@ def broadcast(shapes: list[Shape], op: str) -> Shape:
         raise Unsupported(f"{op}: shapes {[list(s) for s in shapes]} do not broadcast") from None
 
 
+class _Attrs:
+    """A node as :mod:`byoc.contract.geometry` reads it: its attributes; refusals are Unsupported."""
+
+    def __init__(self, node: ir.Node):
+        self.node = node
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return _attr(self.node, name, default)
+
+    def error(self, message: str) -> "Unsupported":
+        return Unsupported(f"{self.node.op_type}: {message}")
+
+
 def window(node: ir.Node, in_sp: list[int], kernel: list[int], strides: list[int], dil: list[int],
            ceil_mode: bool = False) -> tuple[list[int], list[int], list[int]]:
     """Output size and begin/end pads of a 2-D sliding window, per ONNX (auto_pad included)."""
-    auto_pad = _attr(node, "auto_pad", "NOTSET")
-    auto_pad = (auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)) or "NOTSET"
+    attrs = _Attrs(node)
     pads = _ints(node, "pads", 4, 0)
-    out, pb, pe = [], [], []
-    for i in range(2):
-        n, k, s, d = in_sp[i], kernel[i], strides[i], dil[i]
-        ek = (k - 1) * d + 1
-        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            o = -(-n // s)
-            total = max(0, (o - 1) * s + ek - n)
-            small, big = total // 2, total - total // 2
-            b, e = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
-        elif auto_pad == "VALID":
-            b = e = 0
-            o = (n - ek) // s + 1 if n >= ek else 0
-        elif auto_pad == "NOTSET":
-            b, e = pads[i], pads[i + 2]
-            span = n + b + e - ek
-            if span < 0:
-                raise Unsupported(f"{node.op_type}: the window is larger than the padded input")
-            if ceil_mode:
-                o = -(-span // s) + 1
-                if (o - 1) * s >= n + b:
-                    o -= 1
-            else:
-                o = span // s + 1
-        else:
-            raise Unsupported(f"{node.op_type}: auto_pad {auto_pad!r}")
-        if o <= 0 or b < 0 or e < 0:
-            raise Unsupported(f"{node.op_type}: empty output or negative padding")
-        out.append(int(o))
-        pb.append(int(b))
-        pe.append(int(e))
+    if min(pads) < 0:
+        raise Unsupported(f"{node.op_type}: negative padding {pads}")
+    out, pb, pe = window_geometry(attrs, in_sp, kernel, strides, dil, pads, auto_pad_mode(attrs), ceil_mode)
+    if min(out) <= 0:
+        raise Unsupported(f"{node.op_type}: empty output")
     return out, pb, pe
 
 

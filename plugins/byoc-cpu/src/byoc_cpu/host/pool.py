@@ -1,16 +1,10 @@
-"""Pooling: MaxPool (with optional Indices), AveragePool, GlobalAveragePool, GlobalMaxPool.
+"""Pooling on the host: float32 2-D MaxPool and AveragePool on byoc-cpu's flat-plane kernels
+(the ones its generated code calls too), planes split over its pool; byoc's reference kernel
+runs every other case (1-D and 3-D windows, other dtypes, dilated averages, Indices outputs,
+global windows) and checks every attribute.
 
-1-D, 2-D and 3-D inputs share one code path through the canonical ``(N, C, D, H, W)`` view of
-:mod:`byoc_cpu.host.conv`. Window geometry (strides, pads, dilations, ceil_mode, auto_pad)
-follows the ONNX operator definitions; with ceil_mode the last window must start inside the
-input or its leading padding (as onnxruntime and PyTorch do).
-
-The pooled value of a window is accumulated one kernel tap at a time over whole output rows,
-which keeps the inner loops contiguous (vectorised) for stride 1 and cheap otherwise. 1-D and
-2-D windows (and global averages) run as numpy ufuncs over strided views, separably (a row
-pass, then a column pass): nothing to compile on a first run; 3-D windows and Indices outputs
-use Numba kernels.
-MaxPool with an Indices output scans each window in index order and keeps the first maximum.
+Window geometry (strides, pads, dilations, ceil_mode, auto_pad) follows the ONNX operator
+definitions (:func:`byoc.contract.geometry.window_geometry`).
 """
 
 from __future__ import annotations
@@ -18,271 +12,50 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from byoc_cpu.host import threads
-from byoc_cpu.host.conv import _valid_range as _tap_range  # outputs whose tap lies inside the input
-from byoc.contract.geometry import auto_pad_mode, canon5, int_list, pad3, window_geometry
-from byoc_cpu.host.conv import read_only_view, valid_range
-from byoc_cpu.host.gemm import compute_dtype, split
 from byoc.contract import NodeSpec
+from byoc.contract.geometry import auto_pad_mode, int_list, pad3, window_geometry
+from byoc.kernels import make_kernel
+from byoc_cpu.host import threads
+from byoc_cpu.host.conv import read_only_view, valid_range
+from byoc_cpu.host.gemm import split
 from byoc_cpu.host.registry import kernel
-
-# -------------------------------------------------------------------------------------------------
-# Numba kernels
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _pool_taps(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, is_max, init, out, p0, p1):
-    """Max (``is_max``) or sum of each window, one kernel tap at a time, for the planes
-    ``[p0, p1)`` of the flattened (N*C) plane index."""
-    nb, c_, d_, h_, w_ = x.shape
-    _, _, od_, oh_, ow_ = out.shape
-    for p in range(p0, p1):
-        n = p // c_
-        c = p - n * c_
-        o = out[n, c]
-        o[:] = init
-        xc = x[n, c]
-        for kd in range(kd_):
-            for kh in range(kh_):
-                for kw in range(kw_):
-                    offw = kw * dw - pw
-                    lo, hi = _tap_range(ow_, sw, offw, w_)
-                    for od in range(od_):
-                        id_ = od * sd - pd + kd * dd
-                        if id_ < 0 or id_ >= d_:
-                            continue
-                        for oh in range(oh_):
-                            ih = oh * sh - ph + kh * dh
-                            if ih < 0 or ih >= h_:
-                                continue
-                            src = xc[id_, ih]
-                            dst = o[od, oh]
-                            if is_max:
-                                if sw == 1:
-                                    for j in range(lo, hi):
-                                        v = src[j + offw]
-                                        dst[j] = v if v > dst[j] else dst[j]
-                                else:
-                                    for j in range(lo, hi):
-                                        v = src[j * sw + offw]
-                                        dst[j] = v if v > dst[j] else dst[j]
-                            else:
-                                if sw == 1:
-                                    for j in range(lo, hi):
-                                        dst[j] += src[j + offw]
-                                else:
-                                    for j in range(lo, hi):
-                                        dst[j] += src[j * sw + offw]
-
-
-def _taps(n_out: int, s: int, off: int, n: int) -> tuple[int, int, slice]:
-    """Outputs ``[lo, hi)`` whose input ``o*s + off`` lies in ``[0, n)``, and those inputs."""
-    lo, hi = _tap_range.py_func(n_out, s, off, n)
-    return lo, hi, slice(lo * s + off, (hi - 1) * s + off + 1, s)
-
-
-def _pool_separable(x, kh_, kw_, sh, sw, dh, dw, ph, pw, is_max, init, out, p0, p1, rows):
-    """2-D windows as a row pass then a column pass (max or sum over a product of ranges):
-    ``kh + kw`` operations per output instead of ``kh * kw``, for the planes ``[p0, p1)`` of
-    N*C; ``rows`` is scratch of shape ``(p1 - p0, H, OW)``.
-
-    numpy ufuncs over whole planes, in the tap order of :func:`_pool_taps` (the same sums):
-    as fast as a compiled loop here and nothing to compile on a first run. Max is ``fmax``:
-    a NaN never wins, as ``v if v > m else m`` in the compiled kernels.
-    """
-    h_, w_ = x.shape[3], x.shape[4]
-    oh_, ow_ = out.shape[3], out.shape[4]
-    src = x.reshape(-1, h_, w_)[p0:p1]
-    dst = out.reshape(-1, oh_, ow_)[p0:p1]
-    op = np.fmax if is_max else np.add
-    rows[...] = init
-    for kw in range(kw_):
-        lo, hi, cols = _taps(ow_, sw, kw * dw - pw, w_)
-        if hi > lo:
-            op(rows[:, :, lo:hi], src[:, :, cols], out=rows[:, :, lo:hi])
-    dst[...] = init
-    for kh in range(kh_):
-        lo, hi, rsel = _taps(oh_, sh, kh * dh - ph, h_)
-        if hi > lo:
-            op(dst[:, lo:hi], rows[:, rsel], out=dst[:, lo:hi])
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _maxpool_indices(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, col_major, init, out, idx):
-    nb, c_, d_, h_, w_ = x.shape
-    _, _, od_, oh_, ow_ = out.shape
-    plane = d_ * h_ * w_
-    for n in range(nb):
-        for c in range(c_):
-            xc = x[n, c]
-            cbase = (n * c_ + c) * plane
-            for od in range(od_):
-                for oh in range(oh_):
-                    for ow in range(ow_):
-                        best = init
-                        bi = -1
-                        bj = -1
-                        bk = -1
-                        for kd in range(kd_):
-                            i = od * sd - pd + kd * dd
-                            if i < 0 or i >= d_:
-                                continue
-                            for kh in range(kh_):
-                                j = oh * sh - ph + kh * dh
-                                if j < 0 or j >= h_:
-                                    continue
-                                for kw in range(kw_):
-                                    k = ow * sw - pw + kw * dw
-                                    if k < 0 or k >= w_:
-                                        continue
-                                    v = xc[i, j, k]
-                                    if bi < 0 or v > best:
-                                        best = v
-                                        bi = i
-                                        bj = j
-                                        bk = k
-                        out[n, c, od, oh, ow] = best
-                        if bi < 0:
-                            idx[n, c, od, oh, ow] = -1
-                        elif col_major:
-                            idx[n, c, od, oh, ow] = cbase + bi + bj * d_ + bk * d_ * h_
-                        else:
-                            idx[n, c, od, oh, ow] = cbase + (bi * h_ + bj) * w_ + bk
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _global_max(x, out):
-    # x (R, S) -> out (R,)
-    r_, s_ = x.shape
-    for r in range(r_):
-        row = x[r]
-        m = row[0]
-        for i in range(1, s_):
-            if row[i] > m:
-                m = row[i]
-        out[r] = m
-
-
-def _global_pool(x: np.ndarray, is_max: bool, out: np.ndarray) -> None:
-    """``x (R, S) -> out (R,)``: the maximum, or the mean with a float64 sum (numpy: nothing to
-    compile for the global average every classifier ends with)."""
-    if is_max:
-        _global_max(x, out)
-    else:
-        np.divide(x.sum(axis=1, dtype=np.float64), x.shape[1], out=out, casting="unsafe")
-
-
-# -------------------------------------------------------------------------------------------------
-# factories
-
-
-def _lowest(dtype: np.dtype):
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        return dtype.type(-np.inf)
-    return np.iinfo(dtype).min
 
 
 def _pool_factory(spec: NodeSpec, is_max: bool):
+    reference = make_kernel(spec)  # checks the attributes; runs what the flat kernels do not
+    kshape = [int(k) for k in spec.attr("kernel_shape")]
+    if len(kshape) != 2 or (is_max and spec.n_outputs > 1) or (not is_max and any(
+            d != 1 for d in int_list(spec, "dilations", 2, 1))):
+        return reference
     auto_pad = auto_pad_mode(spec)
-    kshape = spec.attr("kernel_shape")
-    if kshape is None:
-        raise spec.error("attribute kernel_shape is required")
-    kshape = [int(k) for k in kshape]
-    nd = len(kshape)
-    if nd < 1 or nd > 3:
-        raise spec.error(f"supports 1 to 3 spatial dimensions, got kernel_shape {kshape}")
-    if any(k < 1 for k in kshape):
-        raise spec.error(f"kernel_shape must be positive, got {kshape}")
-    strides = int_list(spec, "strides", nd, 1, minimum=1)
-    dil = int_list(spec, "dilations", nd, 1, minimum=1)
-    pads = int_list(spec, "pads", 2 * nd, 0, minimum=0)
-    ceil_mode = bool(spec.attr("ceil_mode", 0))
-    count_include_pad = bool(spec.attr("count_include_pad", 0))
-    storage_order = int(spec.attr("storage_order", 0))
-    if storage_order not in (0, 1):
-        raise spec.error(f"storage_order must be 0 or 1, got {storage_order}")
-    want_indices = is_max and spec.n_outputs > 1
+    strides, dil = int_list(spec, "strides", 2, 1, minimum=1), int_list(spec, "dilations", 2, 1, minimum=1)
+    pads = int_list(spec, "pads", 4, 0, minimum=0)
+    ceil_mode, include_pad = bool(spec.attr("ceil_mode", 0)), bool(spec.attr("count_include_pad", 0))
     geometry: dict = {}
 
-    def setup(x):
-        if x.ndim != nd + 2:
-            raise spec.error(f"input of rank {x.ndim} does not match kernel_shape {kshape}")
-        in_sp = list(x.shape[2:])
-        out_sp, pb, pe = window_geometry(spec, in_sp, kshape, strides, dil, pads, auto_pad, ceil_mode)
-        if min(out_sp) <= 0:
-            raise spec.error(f"output would be empty (spatial size {out_sp}) for input {list(x.shape)}")
-        # the budget, before anything is allocated (absurd pads or kernels ask for gigabytes)
+    def setup(x) -> dict | None:
+        out_sp, pb, pe = window_geometry(spec, list(x.shape[2:]), kshape, strides, dil, pads, auto_pad, ceil_mode)
+        whole = out_sp == [1, 1] and not any(pb) and not any(pe) and dil == [1, 1] and kshape == list(x.shape[2:])
+        if min(out_sp) <= 0 or whole:  # errors and global windows: the reference's
+            return None
         spec.check_alloc(list(x.shape[:2]) + out_sp, x.dtype)
-        for o, k in zip(out_sp, kshape):
-            spec.check_alloc([o, k], np.float64)
-        g = {"out_sp": out_sp, "pb": pad3(pb, 0), "pe": pad3(pe, 0)}
-        # one window covering the whole unpadded input (ResNet's 7x7 average): a global pool
-        g["global"] = (all(o == 1 for o in out_sp) and not any(pb) and not any(pe)
-                       and all(d == 1 for d in dil) and list(kshape) == in_sp)
-        if not is_max:
-            # window positions counted by the divisor, per axis (windows are products of axes)
-            counts = []
-            for i in range(nd):
-                o = (spec.alloc.arange(out_sp[i])[:, None] * strides[i] - pb[i]
-                     + spec.alloc.arange(kshape[i])[None, :] * dil[i])
-                lo, hi = (-pb[i], in_sp[i] + pe[i]) if count_include_pad else (0, in_sp[i])
-                counts.append(((o >= lo) & (o < hi)).sum(axis=1).astype(np.float64))
-            cd, ch, cw = [spec.alloc.ones(1)] * (3 - nd) + counts
-            # the divisor per output position, multiplied in the order the kernels used
-            g["divisor"] = (cd[:, None, None] * ch[None, :, None]) * cw[None, None, :]
-        return g
+        return {"out_sp": out_sp, "pb": pad3(pb, 0), "pe": pad3(pe, 0)}
 
     k3, s3, d3 = pad3(kshape, 1), pad3(strides, 1), pad3(dil, 1)
 
     def run(x):
-        if x.dtype.kind not in "fiu":
-            raise spec.error(f"unsupported input dtype {x.dtype}")
-        if not is_max and x.dtype.kind != "f" and compute_dtype(x.dtype).kind != "f":
-            raise spec.error(f"AveragePool needs a float input, got {x.dtype}")
-        g = geometry.get(x.shape)
+        if x.dtype != np.float32 or x.ndim != 4:
+            return reference(x)
+        if x.shape not in geometry:
+            geometry[x.shape] = setup(x)
+        g = geometry[x.shape]
         if g is None:
-            g = geometry[x.shape] = setup(x)
-        dt = compute_dtype(x.dtype) if x.dtype.kind == "f" or not is_max else x.dtype
-        if dt.kind not in "fiu":
-            dt = np.dtype(np.float32)
-        x5 = np.ascontiguousarray(canon5(x), dtype=dt)
-        od, oh, ow = pad3(g["out_sp"], 1)
-        out = spec.alloc.empty(x.shape[:2] + (od, oh, ow), dt)
-        pd, ph, pw = g["pb"]
-        if g["global"] and not want_indices and x5.dtype.kind == "f":
-            _global_pool(x5.reshape(-1, x5[0, 0].size), is_max, out.reshape(-1))
-        elif nd == 2 and dt == np.float32 and not want_indices and (is_max or d3[1:] == [1, 1]):
-            _flat2d(x5, out, k3, s3, d3, g, is_max, count_include_pad)  # the kernels byoc-cpu runs too
-        elif want_indices:
-            idx = spec.alloc.empty(out.shape, np.int64)
-            _maxpool_indices(x5, *k3, *s3, *d3, pd, ph, pw, storage_order == 1, _lowest(dt), out, idx)
-        else:
-            init = _lowest(dt) if is_max else dt.type(0)
-            planes = split(x.shape[0] * x.shape[1], 2 * threads.num_threads())
-
-            if k3[0] == 1 and s3[0] == 1 and x5.shape[2] == 1:  # 1-D and 2-D: separable passes
-
-                def chunk(i):
-                    p0, p1 = planes[i]
-                    rows = spec.alloc.empty((p1 - p0, x5.shape[3], ow), dt)
-                    _pool_separable(x5, k3[1], k3[2], s3[1], s3[2], d3[1], d3[2], ph, pw, is_max, init, out, p0, p1,
-                                    rows)
-            else:
-
-                def chunk(i):
-                    _pool_taps(x5, *k3, *s3, *d3, pd, ph, pw, is_max, init, out, *planes[i])
-
-            threads.parallel_for(chunk, len(planes))
-            if not is_max:
-                np.divide(out, g["divisor"], out=out, casting="unsafe")  # float64 quotient, rounded once
-        shape = x.shape[:2] + tuple(g["out_sp"])
-        y = out.reshape(shape)
-        if y.dtype != x.dtype:
-            y = y.astype(x.dtype)
-        if want_indices:
-            return (y, idx.reshape(shape))
-        return (y,)
+            return reference(x)
+        oh, ow = g["out_sp"]
+        x5 = np.ascontiguousarray(x).reshape(x.shape[:2] + (1,) + x.shape[2:])
+        out = spec.alloc.empty(x.shape[:2] + (1, oh, ow), np.float32)
+        _flat2d(x5, out, k3, s3, d3, g, is_max, include_pad)
+        return (out.reshape(x.shape[:2] + (oh, ow)),)
 
     return run
 
@@ -329,37 +102,6 @@ def make_max_pool(spec: NodeSpec):
 @kernel("AveragePool")
 def make_average_pool(spec: NodeSpec):
     return _pool_factory(spec, False)
-
-
-def _global_factory(spec: NodeSpec, is_max: bool):
-    def run(x):
-        if x.ndim < 3:
-            raise spec.error(f"input must have rank >= 3, got shape {list(x.shape)}")
-        if x.dtype.kind != "f" and compute_dtype(x.dtype).kind != "f":
-            raise spec.error(f"needs a float input, got {x.dtype}")
-        dt = compute_dtype(x.dtype)
-        r = x.shape[0] * x.shape[1]
-        xr = np.ascontiguousarray(x, dtype=dt).reshape(r, -1)
-        if xr.shape[1] == 0:
-            raise spec.error("empty spatial dimensions")
-        out = spec.alloc.empty(r, dt)
-        _global_pool(xr, is_max, out)
-        y = out.reshape(x.shape[:2] + (1,) * (x.ndim - 2))
-        if y.dtype != x.dtype:
-            y = y.astype(x.dtype)
-        return (y,)
-
-    return run
-
-
-@kernel("GlobalMaxPool")
-def make_global_max_pool(spec: NodeSpec):
-    return _global_factory(spec, True)
-
-
-@kernel("GlobalAveragePool")
-def make_global_average_pool(spec: NodeSpec):
-    return _global_factory(spec, False)
 
 
 # -------------------------------------------------------------------------------------------------
