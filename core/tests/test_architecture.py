@@ -38,7 +38,6 @@ REPO = Path(__file__).resolve().parents[2]
 KNOWN_LONG_FUNCTIONS: set[str] = {
     "plugins/byoc-cpu/src/byoc_cpu/host/conv.py::make_conv",
     "plugins/byoc-cpu/src/byoc_cpu/host/conv.py::make_conv_transpose",
-    "plugins/byoc-cpu/src/byoc_cpu/host/pool.py::_pool_factory",
 }
 
 #: the modules of ``byoc`` a plugin may import (and their submodules where the name ends in ".")

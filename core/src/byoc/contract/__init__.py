@@ -31,7 +31,7 @@ from byoc.contract.types import (
     SupportContext,
     Target,
 )
-from byoc.contract.options import Option, resolve_options
+from byoc.contract.options import Option, option_defaults, resolve_options
 from byoc.contract.hookspecs import hookimpl, hookspec
 from byoc.contract.patterns import Match, PatternExpr, alt, any_value, const, op, tail
 from byoc.contract.faults import PluginFault
@@ -78,6 +78,7 @@ __all__ = [
     "host_callable",
     "input_at",
     "op",
+    "option_defaults",
     "region_model_bytes",
     "resolve_options",
     "tail",

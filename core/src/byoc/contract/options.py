@@ -194,4 +194,9 @@ def bundle_options(target: Any, stored: Mapping[str, Any] | None, user: Mapping[
     return resolved
 
 
-__all__ = ["Option", "bundle_options", "normalize_options", "resolve_options"]
+__all__ = ["Option", "bundle_options", "normalize_options", "option_defaults", "resolve_options"]
+
+
+def option_defaults(options) -> dict:
+    """``{option name: default}`` for a list of :class:`Option` declarations."""
+    return {o.name: o.default for o in options}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from byoc.contract.options import Option, normalize_options
+from byoc.contract.options import Option, normalize_options, option_defaults
 
 if TYPE_CHECKING:  # pragma: no cover
     from byoc.contract.patterns import Match, PatternExpr
@@ -114,7 +114,7 @@ class Target:
     @property
     def defaults(self) -> dict[str, Any]:
         """``{option name: default}`` for every declared option."""
-        return {o.name: o.default for o in self.options}
+        return option_defaults(self.options)
 
     def option(self, name: str) -> Option | None:
         """The declared option ``name``, or ``None``."""

@@ -6,7 +6,7 @@ byoc validates every value against these declarations (an unknown key or a bad v
 
 from __future__ import annotations
 
-from byoc.contract import Option
+from byoc.contract import Option, option_defaults
 
 OPTIONS = [
     Option("fuse", True, type=bool,
@@ -29,6 +29,6 @@ OPTIONS = [
 ]
 
 #: ``{name: default}``
-DEFAULTS = {o.name: o.default for o in OPTIONS}
+DEFAULTS = option_defaults(OPTIONS)
 
 __all__ = ["DEFAULTS", "OPTIONS"]

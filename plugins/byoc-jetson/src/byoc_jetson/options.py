@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
 from byoc.contract import environment as _env
-from byoc.contract import Option, Target, resolve_options
+from byoc.contract import Option, Target, option_defaults, resolve_options
 
 #: the declared options (JSON values only: they travel in bundles)
 OPTIONS = [
@@ -44,7 +44,7 @@ OPTIONS = [
 ]
 
 #: ``{name: default}``
-DEFAULT_OPTIONS: dict[str, Any] = {o.name: o.default for o in OPTIONS}
+DEFAULT_OPTIONS: dict[str, Any] = option_defaults(OPTIONS)
 
 PRECISIONS = ("fp32", "fp16")
 RUNTIMES = ("auto", "tensorrt", "emulation")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from byoc.contract import environment as _env
-from byoc.contract import Option, Target, resolve_options
+from byoc.contract import Option, Target, option_defaults, resolve_options
 
 DEVICES = ("CPU", "GPU", "NPU", "AUTO")
 PRECISIONS = ("f32", "bf16", "f16")
@@ -37,7 +37,7 @@ OPTIONS = [
 ]
 
 #: ``{name: default}``
-DEFAULTS: dict[str, Any] = {o.name: o.default for o in OPTIONS}
+DEFAULTS: dict[str, Any] = option_defaults(OPTIONS)
 
 
 def validate_options(options: Mapping[str, Any] | None = None) -> dict[str, Any]:

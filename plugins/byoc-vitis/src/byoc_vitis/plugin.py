@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from byoc.contract import HOOK_API_VERSION, Artifact, Option, Region, Rule, Target, hookimpl
+from byoc.contract import HOOK_API_VERSION, Artifact, Option, Region, Rule, Target, hookimpl, option_defaults
 from byoc_vitis import __version__
 from byoc_vitis.codegen import generate
 from byoc_vitis.program import FORMAT, loads
@@ -31,7 +31,7 @@ OPTIONS = [
 ]
 
 #: ``{name: default}``
-DEFAULT_OPTIONS: dict[str, Any] = {o.name: o.default for o in OPTIONS}
+DEFAULT_OPTIONS: dict[str, Any] = option_defaults(OPTIONS)
 
 #: int8 outputs: about one quantisation step of a typical output range (README.md, "Tolerance")
 RTOL = 0.05
