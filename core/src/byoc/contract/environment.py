@@ -8,6 +8,7 @@ variables to :data:`VARIABLES` under its prefix (``BYOC_CPU_*``), documented her
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 #: name -> what it does (``docs/user-guide.md`` prints this table)
 VARIABLES: dict[str, str] = {
@@ -45,6 +46,11 @@ def get(name: str, default: str | None = "") -> str | None:
     return default if value is None else value.strip()
 
 
+def cache_root() -> Path:
+    """byoc's own cache folder: ``BYOC_CACHE_DIR``, else ``~/.cache/byoc``."""
+    return Path(get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc"))
+
+
 def num_threads() -> int:
     """``BYOC_NUM_THREADS``, else the cores this process may run on."""
     value = get("BYOC_NUM_THREADS")
@@ -59,4 +65,4 @@ def num_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-__all__ = ["VARIABLES", "get", "num_threads"]
+__all__ = ["VARIABLES", "cache_root", "get", "num_threads"]

@@ -50,6 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from byoc.contract.folders import atomic_write, check_private, is_private, read_regular
 from byoc.contract import environment as _env
 from byoc.budget import Budget
 from byoc.codegen import codegen_region
@@ -79,6 +80,8 @@ STATS = {"measured": 0, "cached": 0}
 
 #: the cache keeps at most this many times (the oldest go first)
 MAX_CACHE_ENTRIES = 50_000
+#: the largest cache file read (its entries are about 100 bytes each)
+MAX_CACHE_BYTES = 200 * MAX_CACHE_ENTRIES
 
 
 @dataclass
@@ -91,30 +94,18 @@ class Timing:
 
 
 def _cache_path() -> Path:
-    root = _env.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
-    return Path(root) / _CACHE_FILE
-
-
-def _trusted(folder: Path) -> bool:
-    """A cache folder is used only when it is the user's own and no one else may write to it
-    (on POSIX; a missing folder is created by the user, so it is fine)."""
-    if not hasattr(os, "getuid"):
-        return True
-    try:
-        st = folder.stat()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+    return _env.cache_root() / _CACHE_FILE
 
 
 def _read_table(path: Path) -> dict[str, float]:
-    if not _trusted(path.parent):
+    """The cached times, read only from a private folder (byoc.contract.folders) and a regular
+    file of bounded size; anything else reads as empty (measured again)."""
+    if not is_private(path.parent):
         return {}
+    data = read_regular(path, MAX_CACHE_BYTES)
     try:
-        table = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        table = json.loads(data) if data is not None else {}
+    except (ValueError, RecursionError):
         return {}
     if not isinstance(table, dict):
         return {}
@@ -163,12 +154,10 @@ class Session:
         if len(table) > MAX_CACHE_ENTRIES:
             table = dict(list(table.items())[-MAX_CACHE_ENTRIES:])
         try:
-            if not _trusted(path.parent):
-                raise OSError("the cache folder is not the user's own")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, indent=0), encoding="utf-8")  # oldest first
-            os.replace(tmp, path)
+            if not os.path.lexists(path.parent):
+                path.parent.mkdir(mode=0o700, parents=True)
+            check_private(path.parent)
+            atomic_write(path, json.dumps(table, indent=0).encode("utf-8"))  # oldest first
         except OSError:
             pass  # a read-only cache folder: measured again next time
         self._new.clear()

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from byoc.contract.folders import atomic_write, check_private, is_private, read_regular
 from byoc.contract import environment as _env
 
 HOST = "host"
@@ -160,8 +161,18 @@ _CACHE_FILE = "host-throughput.json"
 
 
 def _cache_path() -> Path:
-    root = _env.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
-    return Path(root) / _CACHE_FILE
+    return _env.cache_root() / _CACHE_FILE
+
+
+def _read_cache(path: Path) -> dict:
+    """The cached figures, from a private folder and a regular file of bounded size only
+    (byoc.contract.folders); anything else reads as empty (measured again)."""
+    data = read_regular(path, 1 << 20) if is_private(path.parent) else None
+    try:
+        table = json.loads(data) if data is not None else {}
+    except (ValueError, RecursionError):
+        return {}
+    return table if isinstance(table, dict) else {}
 
 
 def machine_fingerprint() -> str:
@@ -217,26 +228,19 @@ def host_throughput() -> tuple[float, float]:
     if _HOST is not None:
         return _HOST
     key, path = machine_fingerprint(), _cache_path()
-    try:
-        cached = json.loads(path.read_text(encoding="utf-8")).get(key)
-        if (isinstance(cached, list) and len(cached) == 2
-                and all(isinstance(v, (int, float)) and 0 < v < math.inf for v in cached)):
-            _HOST = (float(cached[0]), float(cached[1]))
-            return _HOST
-    except (OSError, ValueError, AttributeError):
-        pass
+    cached = _read_cache(path).get(key)
+    if (isinstance(cached, list) and len(cached) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in cached)):
+        _HOST = (float(cached[0]), float(cached[1]))
+        return _HOST
     _HOST = _measure_host()
     try:
-        try:
-            table = json.loads(path.read_text(encoding="utf-8"))
-            table = table if isinstance(table, dict) else {}
-        except (OSError, ValueError):
-            table = {}
+        table = _read_cache(path)
         table[key] = list(_HOST)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(table, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
+        if not os.path.lexists(path.parent):
+            path.parent.mkdir(mode=0o700, parents=True)
+        check_private(path.parent)
+        atomic_write(path, json.dumps(table, indent=1).encode("utf-8"))
     except OSError:
         pass  # a read-only home: measured again by the next process
     return _HOST

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import tempfile
 import threading
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
+from byoc.contract.folders import atomic_write, check_private
 from byoc.contract import environment as _env
 
 _fallback_dir: Path | None = None
@@ -42,15 +42,8 @@ def check_cache_dir(folder: Path) -> None:
     this user, writable by nobody else, and made by byoc-cpu (it holds :data:`MARKER`, or is empty and gets it).
     Numba reads its index files back with pickle, so a folder someone else can write must never be used."""
     for path in (folder, folder / "__pycache__"):
-        if path != folder and not os.path.lexists(path):
-            continue
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode):
-            raise PermissionError(f"{str(path)!r} is not a folder (or is a symbolic link)")
-        if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            raise PermissionError(f"{str(path)!r} is owned by uid {st.st_uid}, not by this user ({os.getuid()})")
-        if st.st_mode & 0o022:
-            raise PermissionError(f"{str(path)!r} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+        if path == folder or os.path.lexists(path):
+            check_private(path)
     marker = folder / MARKER
     if not marker.is_file():
         foreign = [p.name for p in folder.iterdir() if not _OWN_NAME.fullmatch(p.name)]
@@ -130,9 +123,7 @@ def write_once(path: Path, data: str) -> Path:
             return path
     except OSError:
         pass
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-    tmp.write_bytes(raw)
-    os.replace(tmp, path)
+    atomic_write(path, raw)
     return path
 
 

@@ -22,11 +22,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
+
+from byoc.contract.folders import atomic_write, check_private, is_private, read_regular
 
 #: bump when the key's composition changes
 KEY_VERSION = 2
@@ -65,6 +66,10 @@ class EngineKey:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+#: the largest engine file read back from the cache
+MAX_ENGINE_BYTES = 8 << 30
+
+
 class EngineCache:
     """Engines on disk under ``folder``, addressed by :class:`EngineKey`."""
 
@@ -82,10 +87,12 @@ class EngineCache:
     def load(self, key: EngineKey) -> bytes | None:
         """The cached engine for ``key``, or ``None`` (missing, or its recorded hash does not match)."""
         engine_path, meta_path = self.paths(key)
+        if not is_private(self.folder):  # an engine is loaded as code: never from a folder others can write
+            return None
+        raw_meta, data = read_regular(meta_path, 1 << 16), read_regular(engine_path, MAX_ENGINE_BYTES)
         try:
-            meta = json.loads(meta_path.read_text())
-            data = engine_path.read_bytes()
-        except (OSError, ValueError):
+            meta = json.loads(raw_meta) if raw_meta is not None and data is not None else None
+        except (ValueError, RecursionError):
             return None
         if not isinstance(meta, dict) or meta.get("engine_sha256") != hashlib.sha256(data).hexdigest():
             return None
@@ -97,11 +104,13 @@ class EngineCache:
         """Write the entry; best effort: on a read-only/full folder, warn and return ``None``."""
         engine_path, meta_path = self.paths(key)
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            if not os.path.lexists(self.folder):
+                self.folder.mkdir(mode=0o700, parents=True)
+            check_private(self.folder)  # engines are loaded as code: a folder only this user can write
             # the engine first, its metadata (which vouches for it) last
-            _atomic_write(engine_path, engine)
+            atomic_write(engine_path, engine)
             meta = {"key": key.describe(), "engine_sha256": hashlib.sha256(engine).hexdigest(), "bytes": len(engine)}
-            _atomic_write(meta_path, json.dumps(meta, sort_keys=True, indent=1).encode())
+            atomic_write(meta_path, json.dumps(meta, sort_keys=True, indent=1).encode())
         except OSError as exc:
             message = (f"jetson: could not store the TensorRT engine in the cache folder {str(self.folder)!r} "
                        f"({exc.strerror or exc}); it is used from memory, the next process builds it again")
@@ -144,20 +153,6 @@ def _frozen(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_frozen(v) for v in value)
     return value
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 __all__ = ["EngineCache", "EngineKey", "KEY_VERSION"]

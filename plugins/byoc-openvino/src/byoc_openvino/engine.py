@@ -22,7 +22,6 @@ import io
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -30,6 +29,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping
 
+from byoc.contract.folders import atomic_write
 from byoc.contract import environment as _env
 
 #: calls made in this process: compile_model (region -> device code), import_model (blob -> device
@@ -224,24 +224,10 @@ def _cache_read(folder: Path, key: str) -> bytes | None:
     return blob
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _cache_write(folder: Path, key: str, blob: bytes) -> None:
     try:
-        _atomic_write(folder / f"{key}.blob", blob)
-        _atomic_write(folder / f"{key}.json", json.dumps({"sha256": hashlib.sha256(blob).hexdigest(),
+        atomic_write(folder / f"{key}.blob", blob)
+        atomic_write(folder / f"{key}.json", json.dumps({"sha256": hashlib.sha256(blob).hexdigest(),
                                                           "bytes": len(blob), "openvino": version()}).encode())
         entries = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
         for old in entries[:-MAX_CACHED]:

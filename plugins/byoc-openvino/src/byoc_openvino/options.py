@@ -10,11 +10,11 @@ then recompiled for the local device, see :mod:`byoc_openvino.runtime`).
 from __future__ import annotations
 
 import os
-import stat
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
+from byoc.contract.folders import check_private
 from byoc.contract import environment as _env
 from byoc.contract import Option, Target, option_defaults, resolve_options
 
@@ -91,16 +91,10 @@ def cache_dir(options: Mapping[str, Any]) -> Path | None:
 
 
 def check_cache_dir(folder: Path) -> None:
-    """Raise ``PermissionError`` unless ``folder`` is safe to read blobs from: a real folder (not a
-    link), owned by this user and writable by nobody else. A blob is handed to OpenVINO's importer,
-    so a folder someone else can write must never be used."""
-    st = os.lstat(folder)
-    if not stat.S_ISDIR(st.st_mode):
-        raise PermissionError(f"{str(folder)!r} is not a folder (or is a symbolic link)")
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise PermissionError(f"{str(folder)!r} is owned by uid {st.st_uid}, not by this user ({os.getuid()})")
-    if st.st_mode & 0o022:
-        raise PermissionError(f"{str(folder)!r} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+    """Raise ``PermissionError`` unless ``folder`` is safe to read blobs from (a private folder,
+    :func:`byoc.contract.folders.check_private`): a blob is handed to OpenVINO's importer, so a
+    folder someone else can write must never be used."""
+    check_private(folder)
 
 
 _warned: set[str] = set()
