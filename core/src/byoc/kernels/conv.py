@@ -66,8 +66,11 @@ def _im2col(x, xo, c, d, h, w, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, pt, pl, o
                                 continue
                             src = xo + ((ci * d + iz) * h + ih) * w + e * dw - pl
                             col[dst:dst + lo] = 0
-                            for j in range(lo, hi):
-                                col[dst + j] = x[src + j * sw]
+                            if sw == 1:
+                                col[dst + lo:dst + hi] = x[src + lo:src + hi]
+                            else:
+                                for j in range(lo, hi):
+                                    col[dst + j] = x[src + j * sw]
                             col[dst + hi:dst + ow] = 0
 
 
@@ -90,8 +93,11 @@ def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co):
                         continue
                     src = xo + (ci * h + ih) * w + e * dw - pl
                     col[dst:dst + lo] = 0
-                    for j in range(lo, hi):
-                        col[dst + j] = x[src + j * sw]
+                    if sw == 1:
+                        col[dst + lo:dst + hi] = x[src + lo:src + hi]
+                    else:
+                        for j in range(lo, hi):
+                            col[dst + j] = x[src + j * sw]
                     col[dst + hi:dst + ow] = 0
 
 
@@ -229,14 +235,20 @@ def make_conv(spec: NodeSpec):
             _, c, d, h, wd = x5.shape
             n_out = od * oh * ow
             wmat = w5.reshape(group, mg, -1)
-            col = spec.alloc.empty(cg * kd * kh * kw * n_out, dt)
-            cols = col.reshape(-1, n_out)
+            # a 1x1 convolution without padding reads its (strided) input as the patch matrix
+            pointwise = kd * kh * kw == 1 and not any(g["pb"]) and (od, oh, ow) == tuple(
+                len(range(0, n, s)) for n, s in zip((d, h, wd), (sd, sh, sw)))
+            col = None if pointwise else spec.alloc.empty(cg * kd * kh * kw * n_out, dt)
             xf = x5.reshape(-1)
             outg = out.reshape(nb, group, mg, n_out)
             for n in range(nb):
                 for gi in range(group):
-                    _im2col(xf, (n * c + gi * cg) * d * h * wd, cg, d, h, wd, kd, kh, kw, sd, sh, sw, dd, dh, dw,
-                            pd, pt, pl, od, oh, ow, col, 0)
+                    if pointwise:
+                        cols = x5[n, gi * cg:(gi + 1) * cg, ::sd, ::sh, ::sw].reshape(cg, n_out)
+                    else:
+                        _im2col(xf, (n * c + gi * cg) * d * h * wd, cg, d, h, wd, kd, kh, kw, sd, sh, sw, dd, dh, dw,
+                                pd, pt, pl, od, oh, ow, col, 0)
+                        cols = col.reshape(-1, n_out)
                     np.matmul(wmat[gi], cols, out=outg[n, gi])
             outg += bias.reshape(1, group, mg, 1)
         return (out.reshape((nb, m, *g["out_sp"])).astype(x.dtype, copy=False),)
