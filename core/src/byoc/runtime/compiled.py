@@ -17,7 +17,6 @@ from byoc.progress import active as progress_active
 from byoc.progress import phase as progress_phase
 from byoc.progress import ticking as progress_ticking
 from byoc.runtime.control import CancelHandle, controlled
-from byoc.runtime.jithelpers import first_run as jit_first_run
 from byoc.runtime.plan import InputSpec, Plan, check_feeds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -103,8 +102,10 @@ class CompiledModel:
         if self._warm:
             return self._plan.execute(checked)
         self._warm = True
-        # a host-only plan's first run compiles its kernels in helper processes too (jithelpers)
-        execute = self._plan.execute if self.targets else lambda c: jit_first_run(lambda: self._plan.execute(c))
+        # a host-only plan's first run may be the executor's (compiling kernels in helper processes, say)
+        first_run = getattr(self._plan.executor, "first_run", None)
+        execute = (self._plan.execute if self.targets or first_run is None
+                   else lambda c: first_run(lambda: self._plan.execute(c)))
         if not progress_active():
             return execute(checked)
         # shown only while a front end listens (byoc.progress): one unit per step

@@ -374,12 +374,21 @@ def _fusions(nodes: list[ir.Node], step_factory, graph: ir.Graph, host: HostExec
             return False
         return step_factory is None or step_factory(node, node_spec(node, opset_of(graph, node.domain or ""))) is None
 
+    def fault(message: str) -> KernelError:
+        return KernelError(f"host executor {host.name!r} (plugin {host.plugin!r}): {message}")
+
+    try:
+        offered = list(host.fusions(nodes, is_host) or ())
+    except ByocError:
+        raise
+    except Exception as exc:
+        raise fault(f"fusions() raised {type(exc).__name__}: {exc}") from exc
     out: dict[int, Fusion] = {}
     taken: set[int] = set()
-    for fusion in host.fusions(nodes, is_host) or ():
-        if not isinstance(fusion, Fusion) or len(fusion.nodes) < 2 or any(id(n) in taken for n in fusion.nodes):
-            raise KernelError(f"host executor {host.name!r} (plugin {host.plugin!r}) returned an invalid fusion "
-                              f"({fusion!r:.200})")
+    for fusion in offered:
+        if (not isinstance(fusion, Fusion) or len(fusion.nodes) < 2 or not all(is_host(n) for n in fusion.nodes)
+                or any(id(n) in taken for n in fusion.nodes)):
+            raise fault(f"an invalid fusion (not a chain of distinct host nodes of this graph): {fusion!r:.200}")
         taken.update(id(n) for n in fusion.nodes)
         out[id(fusion.nodes[0])] = fusion
     return out

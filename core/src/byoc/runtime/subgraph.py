@@ -20,14 +20,15 @@ class HostCallable:
     """``HostCallable(model)(*inputs) -> list of outputs``, in the model's input/output order."""
 
     def __init__(self, model: ir.Model | onnx.ModelProto | bytes, budget: Budget = DEFAULT_BUDGET,
-                 step_factory=None):
+                 step_factory=None, reference: bool = False):
         if isinstance(model, (bytes, bytearray)):
             model = onnx.ModelProto.FromString(bytes(model))
         if isinstance(model, onnx.ModelProto):
             model = ir.from_proto(model)
-        # no wrapper between the nodes: the host executor may fuse chains of nodes
+        # no wrapper between the nodes: the host executor may fuse chains of nodes; ``reference``:
+        # byoc's reference kernels alone (an oracle)
         self.plan: Plan = build_plan(model.graph, budget=budget, step_factory=step_factory, fuse=step_factory is None,
-                                     host=host_executor())
+                                     host=None if reference else host_executor())
         self.input_names = [s.name for s in self.plan.input_specs()]
         self.output_names = self.plan.output_names()
 
@@ -36,8 +37,9 @@ class HostCallable:
         return [out[name] for name in self.output_names]
 
 
-def host_callable(model: ir.Model | onnx.ModelProto | bytes, budget: Budget = DEFAULT_BUDGET) -> HostCallable:
-    return HostCallable(model, budget)
+def host_callable(model: ir.Model | onnx.ModelProto | bytes, budget: Budget = DEFAULT_BUDGET,
+                  reference: bool = False) -> HostCallable:
+    return HostCallable(model, budget, reference=reference)
 
 
 __all__ = ["HostCallable", "host_callable"]

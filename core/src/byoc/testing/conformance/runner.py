@@ -202,10 +202,10 @@ class Runner:
 
     @staticmethod
     def host(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
-        """The host reference: byoc's kernels, no target, :data:`KIT_PASSES`."""
+        """The host reference: byoc's reference kernels, no target, :data:`KIT_PASSES`."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return _outputs(byoc.compile(model, targets=[], passes=list(KIT_PASSES)), feeds, names)
+            return _outputs(byoc.compile(model, targets=[], passes=list(KIT_PASSES), host="reference"), feeds, names)
 
     @property
     def quantised(self) -> bool:
@@ -220,7 +220,7 @@ class Runner:
         """
         from byoc.runtime.plan import build_plan
 
-        sims = {cr.region.name: host_callable(cr.region.model) for cr in cm.regions}
+        sims = {cr.region.name: host_callable(cr.region.model, reference=True) for cr in cm.regions}
 
         def step_factory(node, spec):
             return sims.get(node.name) if node.domain == "byoc" else None

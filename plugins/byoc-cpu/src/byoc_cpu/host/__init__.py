@@ -3,7 +3,9 @@
 byoc asks :func:`executor`'s ``kernel(spec)`` first for every host node (byoc's reference kernels
 run the ones it declines), lets the reference kernels split their range work over this
 package's thread pool (:mod:`byoc_cpu.host.threads`), and runs Conv -> Add/Sum -> Relu chains
-as one step (:mod:`byoc_cpu.host.fusion`). Everything heavy is imported on first use.
+as one step (:mod:`byoc_cpu.host.fusion`), and compiles a first run's kernels in helper
+processes where there are cores to spare (:mod:`byoc_cpu.host.jithelpers`). Everything heavy is
+imported on first use.
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ def _fusions(nodes, is_host):
     return fusions(nodes, is_host)
 
 
+def _first_run(run):
+    from byoc_cpu.host.jithelpers import first_run
+
+    return first_run(run)
+
+
 def executor() -> HostExecutor:
     """byoc-cpu's host executor (registered by :mod:`byoc_cpu.plugin`)."""
     return HostExecutor(
@@ -57,4 +65,5 @@ def executor() -> HostExecutor:
         parallel=_parallel,
         begin_run=_begin_run,
         fusions=_fusions,
+        first_run=_first_run,
     )

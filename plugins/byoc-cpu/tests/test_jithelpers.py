@@ -1,5 +1,5 @@
 """A first run with an empty Numba cache compiles its kernels in helper processes too
-(byoc.runtime.jithelpers): the results are the ones a run without helpers gives."""
+(byoc_cpu.host.jithelpers): the results are the ones a run without helpers gives."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from byoc.runtime import jithelpers
+from byoc_cpu.host import jithelpers
 
 # four Numba kernels (no numpy twins), each a fraction of a second to compile
 _CHILD = r"""
@@ -20,7 +20,7 @@ import onnx
 from onnx import TensorProto, helper as h
 from onnx.reference import ReferenceEvaluator
 import byoc
-from byoc.runtime import jithelpers
+from byoc_cpu.host import jithelpers
 
 nodes = [h.make_node("Sigmoid", ["x"], ["a"]), h.make_node("LeakyRelu", ["a"], ["b"], alpha=0.3),
          h.make_node("HardSigmoid", ["b"], ["c"]), h.make_node("Softsign", ["c"], ["y"])]
