@@ -66,11 +66,8 @@ def _im2col(x, xo, c, d, h, w, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, pt, pl, o
                                 continue
                             src = xo + ((ci * d + iz) * h + ih) * w + e * dw - pl
                             col[dst:dst + lo] = 0
-                            if sw == 1:
-                                col[dst + lo:dst + hi] = x[src + lo:src + hi]
-                            else:
-                                for j in range(lo, hi):
-                                    col[dst + j] = x[src + j * sw]
+                            for j in range(lo, hi):
+                                col[dst + j] = x[src + j * sw]
                             col[dst + hi:dst + ow] = 0
 
 
@@ -93,11 +90,8 @@ def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co):
                         continue
                     src = xo + (ci * h + ih) * w + e * dw - pl
                     col[dst:dst + lo] = 0
-                    if sw == 1:
-                        col[dst + lo:dst + hi] = x[src + lo:src + hi]
-                    else:
-                        for j in range(lo, hi):
-                            col[dst + j] = x[src + j * sw]
+                    for j in range(lo, hi):
+                        col[dst + j] = x[src + j * sw]
                     col[dst + hi:dst + ow] = 0
 
 
