@@ -22,6 +22,7 @@ STRUCTURAL = {
     "blas.py": {"_ADDR_SLOTS"},
     "cache.py": {"DEFAULT_MAX_MODULES", "LOOPS_PER_MODULE"},
     "host/_words.py": {"WORDS"},
+    "host/jithelpers.py": {"WAIT_LIMIT_S", "_POLL_S"},  # a safety timeout and a polling interval
     "host/gemm.py": {"_KC", "_MCP"},
     "lower.py": {"PROGRAM_VERSION", "ALIGN"},
     "ops.py": {"MAX_FUSED_OPERANDS", "MAX_FUSED_MEMBERS"},

@@ -34,9 +34,10 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 from byoc.contract import environment as _env
+from byoc_cpu.tuning import THREADS
 
 #: the fewest usable cores with which first runs use helpers by default
-MIN_CORES = 4
+MIN_CORES = THREADS["jit_helpers_min_cores"]
 #: the longest the parent waits for a helper's compilation of one kernel before compiling it itself
 WAIT_LIMIT_S = 30.0
 _POLL_S = 0.005
