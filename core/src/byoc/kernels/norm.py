@@ -17,8 +17,9 @@ from byoc.kernels.registry import NodeSpec, kernel
 
 
 def _over_pool(fn, n: int, size: int) -> None:
-    """``fn(lo, hi)`` over blocks of ``range(n)`` (``size`` elements in all)."""
-    run_blocks(fn, n, max(1, size // max(1, n)))
+    """``fn(lo, hi)`` over blocks of ``range(n)`` (``size`` elements in all; a normalisation reads
+    each element several times and does a division per element, so it counts 16 a piece)."""
+    run_blocks(fn, n, 16 * max(1, size // max(1, n)))
 
 
 def _check_float(spec: NodeSpec, x: np.ndarray, what: str = "X") -> np.dtype:
