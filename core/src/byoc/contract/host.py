@@ -108,7 +108,7 @@ class Fusion:
 class HostExecutor:
     """A CPU executor for the host's nodes, registered by a plugin.
 
-    :param name: shown by ``byoc targets`` and in reports (``"cpu"``).
+    :param name: what ``byoc.compile(host=...)`` and ``BYOC_HOST_EXECUTOR`` select (``"cpu"``).
     :param description: one line.
     :param priority: the highest-priority installed executor serves.
     :param kernel: ``kernel(spec) -> run function | None``; ``None`` leaves the node to the
