@@ -43,14 +43,19 @@ def is_private(folder: Path) -> bool:
     return True
 
 
+def ensure_private(folder: Path) -> None:
+    """Make ``folder`` (mode 0700, parents as needed) where it is missing, then
+    :func:`check_private` it."""
+    if not os.path.lexists(folder):
+        folder.mkdir(mode=0o700, parents=True)
+    check_private(folder)
+
+
 def private_folder(preferred: Path, what: str) -> Path:
     """``preferred``, made (mode 0700) where it is missing, if it is private; else a private
     temporary folder for ``what`` (one per process, not kept), and one warning saying why."""
     try:
-        if not os.path.lexists(preferred):
-            preferred.parent.mkdir(parents=True, exist_ok=True)
-            preferred.mkdir(mode=0o700)
-        check_private(preferred)
+        ensure_private(preferred)
         return preferred
     except OSError as exc:
         with _lock:
@@ -78,6 +83,11 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def read_private(path: Path, limit: int) -> bytes | None:
+    """:func:`read_regular` of ``path`` where its folder is private, else ``None``."""
+    return read_regular(path, limit) if is_private(path.parent) else None
+
+
 def read_regular(path: Path, limit: int) -> bytes | None:
     """The bytes of ``path`` if it is a regular file (not a link, FIFO or device) of at most
     ``limit`` bytes, else ``None``."""
@@ -101,4 +111,5 @@ def read_regular(path: Path, limit: int) -> bytes | None:
             os.close(fd)
 
 
-__all__ = ["atomic_write", "check_private", "is_private", "private_folder", "read_regular"]
+__all__ = ["atomic_write", "check_private", "ensure_private", "is_private", "private_folder", "read_private",
+           "read_regular"]

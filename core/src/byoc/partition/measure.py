@@ -40,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -50,7 +49,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from byoc.contract.folders import atomic_write, check_private, is_private, read_regular
+from byoc.contract.folders import atomic_write, ensure_private, read_private
 from byoc.contract import environment as _env
 from byoc.budget import Budget
 from byoc.codegen import codegen_region
@@ -100,9 +99,7 @@ def _cache_path() -> Path:
 def _read_table(path: Path) -> dict[str, float]:
     """The cached times, read only from a private folder (byoc.contract.folders) and a regular
     file of bounded size; anything else reads as empty (measured again)."""
-    if not is_private(path.parent):
-        return {}
-    data = read_regular(path, MAX_CACHE_BYTES)
+    data = read_private(path, MAX_CACHE_BYTES)
     try:
         table = json.loads(data) if data is not None else {}
     except (ValueError, RecursionError):
@@ -154,9 +151,7 @@ class Session:
         if len(table) > MAX_CACHE_ENTRIES:
             table = dict(list(table.items())[-MAX_CACHE_ENTRIES:])
         try:
-            if not os.path.lexists(path.parent):
-                path.parent.mkdir(mode=0o700, parents=True)
-            check_private(path.parent)
+            ensure_private(path.parent)
             atomic_write(path, json.dumps(table, indent=0).encode("utf-8"))  # oldest first
         except OSError:
             pass  # a read-only cache folder: measured again next time

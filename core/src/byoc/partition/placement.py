@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from byoc.contract.folders import atomic_write, check_private, is_private, read_regular
+from byoc.contract.folders import atomic_write, ensure_private, read_private
 from byoc.contract import environment as _env
 
 HOST = "host"
@@ -167,7 +167,7 @@ def _cache_path() -> Path:
 def _read_cache(path: Path) -> dict:
     """The cached figures, from a private folder and a regular file of bounded size only
     (byoc.contract.folders); anything else reads as empty (measured again)."""
-    data = read_regular(path, 1 << 20) if is_private(path.parent) else None
+    data = read_private(path, 1 << 20)
     try:
         table = json.loads(data) if data is not None else {}
     except (ValueError, RecursionError):
@@ -245,9 +245,7 @@ def host_throughput() -> tuple[float, float]:
     try:
         table = _read_cache(path)
         table[key] = list(_HOST)
-        if not os.path.lexists(path.parent):
-            path.parent.mkdir(mode=0o700, parents=True)
-        check_private(path.parent)
+        ensure_private(path.parent)
         atomic_write(path, json.dumps(table, indent=1).encode("utf-8"))
     except OSError:
         pass  # a read-only home: measured again by the next process

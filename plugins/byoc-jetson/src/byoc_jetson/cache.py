@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from byoc.contract.folders import atomic_write, check_private, is_private, read_regular
+from byoc.contract.folders import atomic_write, ensure_private, read_private
 
 #: bump when the key's composition changes
 KEY_VERSION = 2
@@ -87,9 +87,8 @@ class EngineCache:
     def load(self, key: EngineKey) -> bytes | None:
         """The cached engine for ``key``, or ``None`` (missing, or its recorded hash does not match)."""
         engine_path, meta_path = self.paths(key)
-        if not is_private(self.folder):  # an engine is loaded as code: never from a folder others can write
-            return None
-        raw_meta, data = read_regular(meta_path, 1 << 16), read_regular(engine_path, MAX_ENGINE_BYTES)
+        # an engine is loaded as code: never from a folder others can write
+        raw_meta, data = read_private(meta_path, 1 << 16), read_private(engine_path, MAX_ENGINE_BYTES)
         try:
             meta = json.loads(raw_meta) if raw_meta is not None and data is not None else None
         except (ValueError, RecursionError):
@@ -104,9 +103,7 @@ class EngineCache:
         """Write the entry; best effort: on a read-only/full folder, warn and return ``None``."""
         engine_path, meta_path = self.paths(key)
         try:
-            if not os.path.lexists(self.folder):
-                self.folder.mkdir(mode=0o700, parents=True)
-            check_private(self.folder)  # engines are loaded as code: a folder only this user can write
+            ensure_private(self.folder)  # engines are loaded as code: a folder only this user can write
             # the engine first, its metadata (which vouches for it) last
             atomic_write(engine_path, engine)
             meta = {"key": key.describe(), "engine_sha256": hashlib.sha256(engine).hexdigest(), "bytes": len(engine)}

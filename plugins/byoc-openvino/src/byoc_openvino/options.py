@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from byoc.contract.folders import check_private
+from byoc.contract.folders import ensure_private
 from byoc.contract import environment as _env
 from byoc.contract import Option, Target, option_defaults, resolve_options
 
@@ -90,13 +90,6 @@ def cache_dir(options: Mapping[str, Any]) -> Path | None:
     return Path(os.path.expanduser(str(chosen)))
 
 
-def check_cache_dir(folder: Path) -> None:
-    """Raise ``PermissionError`` unless ``folder`` is safe to read blobs from (a private folder,
-    :func:`byoc.contract.folders.check_private`): a blob is handed to OpenVINO's importer, so a
-    folder someone else can write must never be used."""
-    check_private(folder)
-
-
 _warned: set[str] = set()
 
 
@@ -107,10 +100,7 @@ def usable_cache_dir(options: Mapping[str, Any]) -> Path | None:
     if folder is None:
         return None
     try:
-        if not os.path.lexists(folder):
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            folder.mkdir(mode=0o700)
-        check_cache_dir(folder)
+        ensure_private(folder)  # blobs are handed to OpenVINO's importer: a folder only this user can write
         return folder
     except OSError as exc:
         why = f"{folder}: {exc}"
@@ -121,5 +111,5 @@ def usable_cache_dir(options: Mapping[str, Any]) -> Path | None:
         return None
 
 
-__all__ = ["DEFAULTS", "DEVICES", "HINTS", "OPTIONS", "PRECISIONS", "cache_dir", "check_cache_dir",
+__all__ = ["DEFAULTS", "DEVICES", "HINTS", "OPTIONS", "PRECISIONS", "cache_dir",
            "compile_config", "portable_config", "threads", "usable_cache_dir", "validate_options"]
