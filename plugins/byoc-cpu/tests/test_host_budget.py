@@ -29,6 +29,8 @@ ALLOWED = {
     ("threads.py", "__init__"): "the pool's shared words: 40 integers, once per pool",
     ("blocked.py", "conv_job_block"): "a compiled job's argument block: 43 integers, once per layer and shape",
     ("conv.py", "run"): "a blocked convolution's output in its steady state, the same shape the budget allowed before",
+    ("elementwise.py", "binary"): "the broadcast output, checked by plan_for before the call",
+    ("elementwise.py", "unary"): "the size of its (already budgeted) input",
     ("blocked.py", "blocked_weights"): "a stem's weights with their channels padded to 8, once per weight tensor",
 }
 

@@ -36,5 +36,6 @@ def sides(entry: dict[str, int]) -> dict[int, int]:
 #: the table in force
 TABLE = load()
 CONV, GEMM, THREADS, COST = TABLE["conv"], TABLE["gemm"], TABLE["threads"], TABLE["cost"]
+KERNELS = TABLE["kernels"]
 
-__all__ = ["CONV", "COST", "GEMM", "TABLE", "THREADS", "load", "sides"]
+__all__ = ["CONV", "COST", "GEMM", "KERNELS", "TABLE", "THREADS", "load", "sides"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from byoc.contract import HostExecutor, NodeSpec
 
 #: the operator families with kernels here (imported on the first kernel request)
-_FAMILIES = ("conv", "gemm", "pool")
+_FAMILIES = ("conv", "gemm", "pool", "elementwise", "activation", "reduce", "norm")
 _loaded = False
 
 

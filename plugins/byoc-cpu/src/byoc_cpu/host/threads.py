@@ -453,7 +453,7 @@ PARALLEL_MIN_CHUNK = THREADS["ranges_min_chunk_elements"]
 
 def run_ranges(fn, n_units: int, args: tuple, unit_cost: int = 1) -> None:
     """Call ``fn(*args, start, stop)`` so that the ranges cover ``[0, n_units)``: the reference
-    kernels' range work (``byoc.kernels.parallel``), cut into chunks for the pool when large.
+    kernels' range work, cut into chunks for the pool when large.
 
     ``fn`` must be a ``nogil`` kernel writing disjoint outputs per unit; ``unit_cost`` is the
     number of elements one unit touches. The calling thread claims chunks too, so a helper that
@@ -466,6 +466,15 @@ def run_ranges(fn, n_units: int, args: tuple, unit_cost: int = 1) -> None:
         return
     bounds = [n_units * i // k for i in range(k + 1)]
     parallel_for(lambda i: fn(*args, bounds[i], bounds[i + 1]), k)
+
+
+def run_blocks(fn, n: int, unit_cost: int = 1) -> None:
+    """``fn(lo, hi)`` over blocks that cover ``range(n)`` (a Python callable; see :func:`run_ranges`)."""
+    run_ranges(_call_block, n, (fn,), unit_cost)
+
+
+def _call_block(fn, lo, hi):
+    fn(lo, hi)
 
 
 def wake() -> None:
