@@ -299,3 +299,27 @@ def test_debug_shows_the_traceback(work, tmp_path):
         assert done.returncode == 2
         assert "Traceback (most recent call last)" in done.stderr
         assert done.stderr.strip().splitlines()[-1].startswith("byoc run: error: InputError: model: file not found")
+
+
+# every command that writes a named file: an existing one is kept unless --force
+WRITERS = [
+    ("compile", ["--host-only", "-o", "{out}"], "--output"),
+    ("explain", ["--json", "{out}"], "--json"),
+    ("explain", ["--dot", "{out}"], "--dot"),
+    ("explain", ["--html", "{out}"], "--html"),
+    ("partition", ["-o", "{out}"], "--output"),
+]
+
+
+@pytest.mark.parametrize(("command", "args", "option"), WRITERS, ids=[f"{c}-{o}" for c, _, o in WRITERS])
+def test_an_existing_file_is_overwritten_only_with_force(work, tmp_path, command, args, option):
+    out = tmp_path / "existing.out"
+    out.write_bytes(b"the user's own file")
+    argv = [command, str(work / "small.onnx"), *[a.format(out=out) for a in args]]
+    done = byoc(*argv, cwd=tmp_path)
+    assert_one_line_error(done, option, "already exists", "--force")
+    assert out.read_bytes() == b"the user's own file"
+    done = byoc(*argv, "--force", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() != b"the user's own file"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

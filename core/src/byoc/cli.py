@@ -171,7 +171,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from byoc.cliutil import check_output_file, compile_or_load, is_bundle_path
 
     out = Path(args.output) if args.output else Path(args.model).with_suffix(".byoc")
-    check_output_file(str(out), "--output")
     if is_bundle_path(args.model):
         raise InputError(f"{args.model} is already a bundle; compile an ONNX model")
     if args.host_only:
@@ -180,6 +179,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         args.target = []
     if out.exists() and Path(args.model).exists() and out.resolve() == Path(args.model).resolve():
         raise InputError(f"--output {out} is the model itself")
+    check_output_file(str(out), "--output", force=args.force)
     compiled = compile_or_load(args)
     compiled.save(out)
     placed = collections.Counter(rec.device for rec in compiled.records.values())
@@ -221,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", "-t", action="append", metavar="TARGET",
                    help="target to use, in priority order (repeat); default: every installed target")
     p.add_argument("--host-only", action="store_true", help="use no target: everything runs on the host")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
     add_calibration_args(p)
     add_shape_argument(p)
     p.set_defaults(func=cmd_compile)

@@ -23,8 +23,9 @@ def suggest(word: str, choices: Sequence[str]) -> str:
 # -- output paths -----------------------------------------------------------------------------------
 
 
-def check_output_file(dest: str | None, what: str, *, allow_stdout: bool = False) -> None:
-    """Fail now if ``dest`` cannot be written later: a folder, a missing or read-only parent folder."""
+def check_output_file(dest: str | None, what: str, *, allow_stdout: bool = False, force: bool = False) -> None:
+    """Fail now if ``dest`` cannot be written later: a folder, a missing or read-only parent folder,
+    or (without ``force``) a file that exists."""
     if dest is None or (allow_stdout and dest == "-"):
         return
     if dest == "":
@@ -41,6 +42,8 @@ def check_output_file(dest: str | None, what: str, *, allow_stdout: bool = False
         raise InputError(f"{what}: {parent} is not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{what}: folder {parent} is not writable")
+    if p.exists() and not force:
+        raise InputError(f"{what}: {p} already exists; pass --force to overwrite it")
     if p.exists() and not os.access(p, os.W_OK):
         raise InputError(f"{what}: {p} is not writable")
 

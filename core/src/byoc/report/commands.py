@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from byoc.contract.folders import atomic_write
 from byoc.errors import ByocError, InputError
 
 #: above this size a partitioned model is written with its tensors as external data
@@ -42,7 +43,7 @@ def _write(dest: str, text: str, what: str) -> None:
         sys.stdout.write(text)
         return
     try:
-        Path(dest).write_text(text, encoding="utf-8")
+        atomic_write(Path(dest), text.encode("utf-8"))
     except OSError as exc:
         raise InputError(f"cannot write the {what} report to {dest}: {exc.strerror or exc}") from None
 
@@ -56,7 +57,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if sum(dest == "-" for _, dest in outputs) > 1:
         raise InputError("only one of --json/--dot/--html can write to stdout ('-')")
     for fmt, dest in outputs:  # before any work
-        check_output_file(dest, f"--{fmt}", allow_stdout=True)
+        check_output_file(dest, f"--{fmt}", allow_stdout=True, force=args.force)
     check_distinct([(f"--{fmt}", dest) for fmt, dest in outputs])
     compiled = _compile(args)
     data = compiled.report_data()
@@ -96,7 +97,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from byoc.cliutil import check_output_file
     from byoc.report import partitioned_onnx
 
-    check_output_file(args.output, "--output")
+    check_output_file(args.output, "--output", force=args.force)
     compiled = _compile(args)
     proto = partitioned_onnx(compiled)
     try:
@@ -104,6 +105,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
     except onnx.checker.ValidationError as exc:  # pragma: no cover - would be a byoc bug
         raise ByocError(f"the partitioned model does not pass the ONNX checker: {exc}") from None
     out = Path(args.output)
+    if proto.ByteSize() > _PROTO_LIMIT:
+        check_output_file(str(out) + ".data", "--output's external data", force=args.force)
     try:
         if proto.ByteSize() > _PROTO_LIMIT:
             onnx.save_model(proto, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -194,6 +197,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--dot", metavar="FILE|-", help="also write the graph as Graphviz DOT")
     p.add_argument("--html", metavar="FILE|-", help="also write one self-contained HTML page")
     p.add_argument("--strict", action="store_true", help="fail on a plugin fault instead of falling back")
+    p.add_argument("--force", action="store_true", help="overwrite existing --json/--dot/--html files")
     p.add_argument("--show-code", action="store_true",
                    help="also print each region's generated source (artifacts that carry one)")
     add_calibration_args(p)
@@ -203,6 +207,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("model", help="an ONNX model (or a .byoc bundle)")
     _targets_arg(p)
     p.add_argument("--output", "-o", required=True, metavar="OUT.onnx", help="the ONNX file to write")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
     p.add_argument("--strict", action="store_true", help="fail on a plugin fault instead of falling back")
     add_calibration_args(p)
     p.set_defaults(func=cmd_partition)

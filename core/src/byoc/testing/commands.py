@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+from byoc.contract.folders import atomic_write
 from byoc.errors import ByocError, InputError, OptionError
 
 TEMPLATE_DIR = Path(__file__).with_name("template")
@@ -30,7 +31,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     from byoc.progress import phase
     from byoc.testing.requirements import Requirements
 
-    check_output_file(args.json, "--json", allow_stdout=True)  # before any work
+    check_output_file(args.json, "--json", allow_stdout=True, force=args.force)  # before any work
     check_targets([args.target])
     if args.examples is not None and args.examples < 1:
         raise OptionError("--examples must be at least 1")
@@ -71,7 +72,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             sys.stdout.write(text)
         else:
             try:
-                Path(args.json).write_text(text, encoding="utf-8")
+                atomic_write(Path(args.json), text.encode("utf-8"))
             except OSError as exc:
                 raise InputError(f"cannot write {args.json}: {exc.strerror or exc}") from None
             print(f"json: {args.json}", file=sys.stderr)
@@ -121,6 +122,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                    "example, max error). Exit status 1 if any check fails.")
     p.add_argument("target", help="the target to check (see `byoc targets`)")
     p.add_argument("--json", metavar="FILE", help="also write the full report as JSON ('-': stdout)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     p.add_argument("--examples", "-n", type=int, default=None, metavar="N",
                    help="random instances per operator, pattern and suite (default 10)")
     p.add_argument("--seed", type=int, default=None, help="Hypothesis seed (default 0): runs are reproducible")
