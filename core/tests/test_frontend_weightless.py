@@ -18,13 +18,19 @@ from onnx import numpy_helper as nh
 
 import byoc
 from byoc.errors import ExternalDataError
-from byoc.frontend import load_model
+from byoc.frontend import bounded, load_model
 from byoc.frontend.loader import ModelConversionWarning
 from byoc.frontend.weights import STUB_LOCATION, STUB_MIN_BYTES
 from byoc.testing.oracle import run_onnxruntime
 from byoc.testing.zoo import ZOO, load_zoo, zoo_inputs, zoo_path
 
 _RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _onnx_calls_in_this_process(monkeypatch):
+    """The tests spy on what onnx's checker and converter are handed: run them in-process."""
+    monkeypatch.setattr(bounded, "FORKS", False)
 
 
 def _both(model, **kw):

@@ -12,11 +12,11 @@ and dtype) and ``Budget.check_bytes`` (a byte count) check without allocating.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-from byoc.errors import ResourceLimitError
+from byoc.errors import OptionError, ResourceLimitError
 
 GiB = 1 << 30
 
@@ -35,6 +35,22 @@ class Budget:
     max_nesting: int = 64
     #: iterations of one Loop execution
     max_loop_iterations: int = 10_000_000
+    #: wall-clock seconds one compile may take; it holds inside onnx's own checker, converter and
+    #: shape inference too (:mod:`byoc.frontend.bounded`); ``None``: no limit
+    max_compile_seconds: float | None = 600.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "max_compile_seconds":
+                ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                       and 0 < value <= math.inf)
+            else:
+                ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+            if not ok:
+                raise OptionError(f"Budget({f.name}={value!r}): expected "
+                                  + ("a number of seconds > 0 or None" if f.name == "max_compile_seconds"
+                                     else "a whole number >= 0"))
 
     def check_alloc(self, shape, dtype, what: str) -> None:
         """Raise :class:`ResourceLimitError` if a tensor of ``shape``/``dtype`` is too big.

@@ -29,7 +29,7 @@ from byoc.codegen import (
     substitute_regions,
 )
 from byoc.errors import OptionError
-from byoc.frontend import load_model
+from byoc.frontend import bounded, load_model
 from byoc.frontend import pytorch as _pytorch
 from byoc.frontend.loader import ModelLike
 from byoc.partition.partitioner import Partitioner, _Faults, ensure_node_names, subgraph_scopes
@@ -152,39 +152,40 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     check_compile_args(targets=targets, passes=passes, budget=budget, target_options=target_options,
                        strict=strict, hook_timeout=hook_timeout, calibration=calibration)
     budget = budget or DEFAULT_BUDGET
-    stages = progress_stages("compile")
-    stages.next("load and validate the model")
-    executor = host_executor(host, registry)
-    registry = registry if registry is not None else (get_registry() if targets != [] else None)
-    unavailable: dict[str, str] = {}
-    selected = resolve_targets(registry, targets, unavailable) if registry is not None else []
-    selected, skipped = _quant.split_targets(selected, targets is not None, calibration)
-    skipped = {**unavailable, **skipped}
-    if skipped and target_options:
-        target_options = {k: v for k, v in target_options.items() if k not in skipped}
-    options = resolve_options(selected, target_options)
+    with bounded.time_limit(budget.max_compile_seconds):
+        stages = progress_stages("compile")
+        stages.next("load and validate the model")
+        executor = host_executor(host, registry)
+        registry = registry if registry is not None else (get_registry() if targets != [] else None)
+        unavailable: dict[str, str] = {}
+        selected = resolve_targets(registry, targets, unavailable) if registry is not None else []
+        selected, skipped = _quant.split_targets(selected, targets is not None, calibration)
+        skipped = {**unavailable, **skipped}
+        if skipped and target_options:
+            target_options = {k: v for k, v in target_options.items() if k not in skipped}
+        options = resolve_options(selected, target_options)
 
-    ir_model = _load(model, budget, require_kernels=not selected)
-    fix_input_shapes(ir_model, input_shapes, budget)
-    if any(t.shape_policy != "dynamic" for t in selected) and has_symbolic_ir_inputs(ir_model):
-        proto = ir.to_proto(ir_model)
-        if has_symbolic_inputs(proto):
-            if calibration is not None and any(t.needs_calibration for t in selected):
-                calibration = list(calibration)  # each shape specialisation calibrates again
-            passes = None if passes is None else list(passes)  # read once per specialisation
-            settings = _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s,
-                                 executor)
-            recipe = {"passes": passes, "strict": strict, "placement": placement, "hook_timeout": hook_timeout,
-                      "calibrated": calibration is not None and any(t.needs_calibration for t in selected),
-                      "target_options": {t.name: dict(options[t.name]) for t in selected}}
-            stages.finish()
-            return specialise(proto, selected, shape_compiler(options, settings), recipe)
-    cm = compile_model(ir_model, selected, options,
-                       _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s,
-                                 executor), stages)
-    if skipped:
-        cm.options["skipped_targets"] = skipped
-    return cm
+        ir_model = _load(model, budget, require_kernels=not selected)
+        fix_input_shapes(ir_model, input_shapes, budget)
+        if any(t.shape_policy != "dynamic" for t in selected) and has_symbolic_ir_inputs(ir_model):
+            proto = ir.to_proto(ir_model)
+            if has_symbolic_inputs(proto):
+                if calibration is not None and any(t.needs_calibration for t in selected):
+                    calibration = list(calibration)  # each shape specialisation calibrates again
+                passes = None if passes is None else list(passes)  # read once per specialisation
+                settings = _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s,
+                                     executor)
+                recipe = {"passes": passes, "strict": strict, "placement": placement, "hook_timeout": hook_timeout,
+                          "calibrated": calibration is not None and any(t.needs_calibration for t in selected),
+                          "target_options": {t.name: dict(options[t.name]) for t in selected}}
+                stages.finish()
+                return specialise(proto, selected, shape_compiler(options, settings), recipe)
+        cm = compile_model(ir_model, selected, options,
+                           _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s,
+                                     executor), stages)
+        if skipped:
+            cm.options["skipped_targets"] = skipped
+        return cm
 
 
 def _check_placement_args(placement: str, measure_budget_s: float | None, host: str | None) -> None:
@@ -243,7 +244,8 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
     budget = settings.budget
     stages = stages or progress_stages("compile")
     stages.next("shared passes")
-    _passes.run_passes(ir_model, settings.passes, budget=budget)
+    with bounded.time_limit(budget.max_compile_seconds):  # a specialisation's compile: a limit of its own
+        _passes.run_passes(ir_model, settings.passes, budget=budget)
     ensure_node_names(ir_model.graph)
 
     faults = _Faults(settings.strict)

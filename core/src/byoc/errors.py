@@ -38,6 +38,10 @@ class ResourceLimitError(ByocError):
     """A tensor, node count or nesting depth exceeds the configured budget."""
 
 
+class CompileTimeoutError(ResourceLimitError):
+    """A compile ran past ``Budget.max_compile_seconds``; the message names the step it was in."""
+
+
 class InputError(ByocError):
     """Wrong feeds given to ``CompiledModel.run``: name, shape or dtype."""
 
@@ -82,6 +86,7 @@ __all__ = [
     "ByocError",
     "BundleError",
     "CalibrationRequiredError",
+    "CompileTimeoutError",
     "ExternalDataError",
     "InferenceOnlyError",
     "InputError",

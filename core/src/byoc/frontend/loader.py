@@ -40,7 +40,7 @@ import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget, _fmt_bytes
 from byoc.errors import ByocError, ModelLoadError, ModelValidationError, ResourceLimitError
-from byoc.frontend import external, validate, weights
+from byoc.frontend import bounded, external, validate, weights
 
 #: every model is converted to this opset of the default domain when it is older
 CANONICAL_OPSET = 21
@@ -164,8 +164,14 @@ def _checker_error(proto: onnx.ModelProto) -> str | None:
             stacklevel=4,
         )
         return None
-    try:
+    def check() -> bytes:
         onnx.checker.check_model(proto)
+        return b""
+
+    try:
+        bounded.call(check, "the ONNX checker")
+    except ByocError:
+        raise
     except Exception as exc:  # ValidationError, and whatever the C++ side raises
         return str(exc).strip() or type(exc).__name__
     return None
@@ -195,10 +201,15 @@ def _try_convert(proto: onnx.ModelProto, budget: Budget) -> tuple[onnx.ModelProt
     """Convert the default domain to :data:`CANONICAL_OPSET`: ``(converted, "")`` or ``(None, why)``."""
     if proto.ByteSize() > _PROTOBUF_LIMIT:
         return None, "the model is over the 2 GiB the converter can handle"
+    def convert() -> bytes:
+        return onnx.version_converter.convert_version(proto, CANONICAL_OPSET).SerializeToString()
+
     try:
-        converted = onnx.version_converter.convert_version(proto, CANONICAL_OPSET)
+        converted = onnx.ModelProto.FromString(bounded.call(convert, "the ONNX version converter"))
+    except ByocError:
+        raise
     except Exception as exc:  # the converter raises bare RuntimeError/ValueError/IndexError
-        return None, f"{type(exc).__name__}: {exc}"
+        return None, bounded.describe(exc)
     # the converter's output must pass the same checks as its input did
     try:
         validate.check_text(converted, origin="<converted model>")

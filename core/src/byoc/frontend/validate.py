@@ -19,6 +19,7 @@ those only ever get structurally sound protos.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import onnx
@@ -285,6 +286,7 @@ def _check_graph(g: GraphProto, outer: tuple[set[str], ...], depth: int, scope: 
             elif name not in local:
                 free.add(name)
         _check_device_configurations(node, label, scope)
+        _check_onnx_traps(node, label, scope)
         for attr in node.attribute:
             _check_attribute(attr, node, label, scope, walk)
             subgraphs = list(attr.graphs)
@@ -382,6 +384,48 @@ def _check_producers(g: GraphProto, inputs: set[str], inits: set[str], where: st
                 )
             producers[out] = idx
     return producers
+
+
+_EINSUM_TERM = re.compile(r"[A-Za-z]*(\.\.\.)?[A-Za-z]*")
+
+
+def einsum_problem(equation: str, n_inputs: int) -> str | None:
+    """Why ``equation`` is not a valid Einsum equation for ``n_inputs`` operands (``None``: it is).
+
+    onnx's own shape inference loops forever on some invalid equations (two ellipses in a term),
+    so byoc checks the grammar first: comma-separated input terms, an optional ``->`` output term,
+    each term letters with at most one ``...``; output letters unique and all from the inputs.
+    """
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != n_inputs:
+        return f"{len(terms)} input term(s) for {n_inputs} input(s)"
+    for term in [*terms, *([rhs] if arrow else [])]:
+        if not _EINSUM_TERM.fullmatch(term):
+            return f"term {term!r} is not letters with at most one '...'"
+    if arrow:
+        letters = [c for c in rhs if c.isalpha()]
+        if len(set(letters)) != len(letters):
+            return f"output term {rhs!r} repeats a letter"
+        missing = set(letters) - set(lhs)
+        if missing:
+            return f"output letter(s) {''.join(sorted(missing))} appear in no input term"
+        if "..." in rhs and "..." not in lhs:
+            return "the output has '...' and no input does"
+    return None
+
+
+def _check_onnx_traps(node: NodeProto, label: str, scope: str) -> None:
+    """What onnx's checker and shape inference cannot be handed (they would never return)."""
+    if node.op_type == "Einsum" and node.domain in ("", "ai.onnx"):
+        attr = next((a for a in node.attribute if a.name == "equation"), None)
+        if attr is None or attr.type != AttributeProto.STRING:
+            raise ModelValidationError(f"{label}{scope}: Einsum needs a string attribute 'equation'")
+        equation = attr.s.decode("utf-8", "replace")
+        why = einsum_problem(equation, sum(1 for _ in node.input))
+        if why is not None:
+            raise ModelValidationError(f"{label}{scope}: invalid Einsum equation {equation!r}: {why}")
 
 
 def _check_device_configurations(node: NodeProto, label: str, scope: str) -> None:

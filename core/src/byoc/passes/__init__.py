@@ -13,6 +13,7 @@ import onnx_ir as ir
 
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.errors import OptionError
+from byoc.frontend import bounded
 from byoc.passes.base import PassContext
 from byoc.passes.bn_folding import fold_batchnorm_and_affine
 from byoc.passes.constant_folding import fold_constants
@@ -50,6 +51,7 @@ def run_passes(
     ctx = PassContext(budget=budget)
     changed = []
     for name, fn in PASSES.items():
+        bounded.check(f"the {name} pass")
         if name in selected and fn(model, ctx):
             changed.append(name)
     return changed

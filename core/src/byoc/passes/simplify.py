@@ -2,22 +2,52 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import onnx_ir as ir
 from onnx_ir.passes import common
 
+from byoc.errors import ByocError
+from byoc.frontend import bounded
 from byoc.passes.base import PassContext, replace_value
 
 
 def infer_shapes(model: ir.Model, ctx: PassContext) -> bool:
-    """ONNX shape inference (with data propagation) filling in value types and shapes."""
+    """ONNX shape inference (with data propagation) filling in value types and shapes.
+
+    onnx's inference runs where the compile's time limit can stop it
+    (:mod:`byoc.frontend.bounded`); it returns every value's type, which is merged here.
+    """
+
+    def infer() -> bytes:
+        common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
+        return json.dumps([{name: _type_of(v) for name, v in ir.convenience.create_value_mapping(g).items()}
+                           for g in model.graphs()]).encode()
+
     try:
-        modified = common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model).modified
+        inferred = json.loads(bounded.call(infer, "ONNX shape inference"))
+    except ByocError:
+        raise
     except Exception as exc:  # inference is an aid; kernels do not depend on it
         warnings.warn(f"shape inference failed, continuing without it: {exc}", stacklevel=2)
         return False
+    modified = False
+    for graph, types in zip(model.graphs(), inferred):
+        for name, value in ir.convenience.create_value_mapping(graph).items():
+            dtype, dims = types.get(name, (None, None))
+            if dims is not None and (value.shape is None or list(value.shape) != dims):
+                value.shape = ir.Shape(dims)
+                modified = True
+            if dtype is not None and value.dtype != ir.DataType(dtype):
+                value.dtype = ir.DataType(dtype)
+                modified = True
     return _ceil_mode_pool_shapes(model) or modified
+
+
+def _type_of(value: ir.Value) -> tuple[int | None, list[int | str | None] | None]:
+    dims = None if value.shape is None else [d if isinstance(d, int) else d.value for d in value.shape]
+    return (None if value.dtype is None else int(value.dtype)), dims
 
 
 _CEIL_POOLS = ("MaxPool", "AveragePool", "LpPool")
