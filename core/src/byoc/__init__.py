@@ -5,6 +5,11 @@ rest on the host CPU with Numba reference kernels.
 """
 
 from byoc._version import __version__
+from byoc import numba_cache as _numba_cache
+
+_numba_cache.secure()  # before any of byoc's Numba functions is made
+
+# ruff: noqa: E402  (the imports below come after the Numba cache is secured)
 from byoc.budget import Budget
 from byoc.compiler import compile
 from byoc.contract import HOOK_API_VERSION, Artifact, Option, Pattern, Region, Rule, SupportContext, Target, hookimpl

@@ -293,7 +293,7 @@ class _CompileCounter:
 def _cache_location() -> str:
     from numba.core import config
 
-    return config.CACHE_DIR or "next to the installed byoc package (__pycache__)"
+    return config.CACHE_DIR
 
 
 def run_family(name: str, targets: Sequence[str] = ()) -> FamilyResult:

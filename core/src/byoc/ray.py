@@ -75,9 +75,10 @@ def _import_ray():
 
 
 def default_numba_cache_dir() -> str:
-    """The Numba cache folder workers use by default: ``byoc-numba-cache`` under the temporary
-    folder, a path that is local to every node (never a shared file system by default)."""
-    return os.path.join(tempfile.gettempdir(), "byoc-numba-cache")
+    """The Numba cache folder workers use by default: ``byoc-numba-cache-<uid>`` under the
+    temporary folder, a path that is local to every node (never a shared file system by default).
+    A worker uses it only where it is private (see :mod:`byoc.numba_cache`)."""
+    return os.path.join(tempfile.gettempdir(), f"byoc-numba-cache-{os.getuid() if hasattr(os, 'getuid') else 0}")
 
 
 # ---------------------------------------------------------------------------------------------
