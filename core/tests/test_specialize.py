@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 
 import byoc
+from byoc.runtime import specialize
 from byoc.runtime.specialize import has_symbolic_inputs, specialise
 
 
@@ -25,6 +28,7 @@ class _Compiled:
         self.targets = [t.name for t in targets]
         self.options = {}
         self.specializer = None
+        self.budget = byoc.Budget(max_shape_keys=100)
 
 
 def test_specialise_compiles_the_base_without_static_targets_then_per_shape():
@@ -45,6 +49,23 @@ def test_specialise_compiles_the_base_without_static_targets_then_per_shape():
     with pytest.warns(UserWarning, match="no specialisation"):
         assert base.specializer.select({"x": np.zeros((5, 3), np.float32)}) is base  # over the limit
     assert len(calls) == 2
+
+
+def test_twenty_thousand_refused_shapes_keep_bounded_state_and_few_warnings():
+    static = byoc.Target("fixed", "1", shape_policy="static", max_specializations=1)
+    base = specialise(_relu(), [static], lambda proto, targets: _Compiled(proto, targets))
+    sp = base.specializer
+    sp.select({"x": np.zeros((1, 3), np.float32)})  # the one specialisation
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(2, 20_002):
+            assert sp.select({"x": np.zeros((n, 3), np.float32)}) is base
+    assert len(caught) == specialize.MAX_WARNINGS
+    assert "not warned about" in str(caught[-1].message)
+    assert len(sp.refused) == base.budget.max_shape_keys == 100
+    assert sp.describe()["refused_count"] == 20_000
+    assert sp.select({"x": np.zeros((20_001, 3), np.float32)}) is base  # recent: remembered, no new count
+    assert sp.describe()["refused_count"] == 20_000
 
 
 def test_symbolic_inputs_are_detected():

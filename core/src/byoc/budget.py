@@ -35,6 +35,8 @@ class Budget:
     max_nesting: int = 64
     #: iterations of one Loop execution
     max_loop_iterations: int = 10_000_000
+    #: distinct input shapes a compiled model remembers having refused to specialise
+    max_shape_keys: int = 1024
     #: wall-clock seconds one compile may take; it holds inside onnx's own checker, converter and
     #: shape inference too (:mod:`byoc.frontend.bounded`); ``None``: no limit
     max_compile_seconds: float | None = 600.0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -27,6 +28,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from byoc.runtime.compiled import CompiledModel
 
 ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
+
+#: refused input shapes warned about per model; later ones are counted in the report only
+MAX_WARNINGS = 8
 
 
 def has_symbolic_inputs(proto: onnx.ModelProto) -> bool:
@@ -123,7 +127,10 @@ class Specializer:
         self.compile_fn = compile_fn
         self.recipe = recipe
         self.cache: dict[ShapeKey, "CompiledModel"] = dict(cache or {})
-        self.refused: set[ShapeKey] = set()
+        #: refused shapes, most recently seen last, at most ``Budget.max_shape_keys`` of them
+        self.refused: OrderedDict[ShapeKey, None] = OrderedDict()
+        #: every refusal so far (a shape forgotten and seen again counts again)
+        self.n_refused = 0
         self._lock = threading.Lock()
 
     def _allowed(self, key: ShapeKey) -> bool:
@@ -143,27 +150,40 @@ class Specializer:
         hit = self.cache.get(key)
         if hit is not None:
             return hit
-        if key in self.refused:
-            return self.base
         with self._lock:
             if key in self.cache:
                 return self.cache[key]
+            if key in self.refused:
+                self.refused.move_to_end(key)
+                return self.base
             if not self._allowed(key):
-                self.refused.add(key)
-                names = ", ".join(t.name for t in self.static_targets)
-                why = "shape policy/limit" if self.compile_fn is not None else \
-                    "a loaded bundle whose plugins for them are missing specialises no further shapes"
-                warnings.warn(
-                    f"no specialisation for input shapes {dict(key)} (targets {names}: {why}); "
-                    "running them without those targets", stacklevel=3)
+                self._refuse(key)
                 return self.base
             compiled = self.compile_fn(with_input_shapes(self.proto, dict(key)))
             self.cache[key] = compiled
             return compiled
+
+    def _refuse(self, key: ShapeKey) -> None:
+        """Remember ``key`` (forgetting the least recently seen beyond the budget's bound) and warn,
+        for the first :data:`MAX_WARNINGS` refusals only."""
+        self.refused[key] = None
+        while len(self.refused) > self.base.budget.max_shape_keys:
+            self.refused.popitem(last=False)
+        self.n_refused += 1
+        if self.n_refused > MAX_WARNINGS:
+            return
+        names = ", ".join(t.name for t in self.static_targets)
+        why = "shape policy/limit" if self.compile_fn is not None else \
+            "a loaded bundle whose plugins for them are missing specialises no further shapes"
+        more = ("; further refused shapes are not warned about (the report counts them)"
+                if self.n_refused == MAX_WARNINGS else "")
+        warnings.warn(f"no specialisation for input shapes {dict(key)} (targets {names}: {why}); "
+                      f"running them without those targets{more}", stacklevel=4)
 
     def describe(self) -> dict[str, Any]:
         return {
             "static_targets": [t.name for t in self.static_targets],
             "specialisations": [dict(k) for k in self.cache],
             "refused": [dict(k) for k in self.refused],
+            "refused_count": self.n_refused,
         }
