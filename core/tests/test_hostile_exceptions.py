@@ -233,3 +233,26 @@ def test_correct_arguments_still_work(relu_model):
 def test_every_refusal_is_a_byoc_error():
     for cls in (KernelError, InputError, OptionError, BundleError, ResourceLimitError):
         assert issubclass(cls, ByocError)
+
+
+# -------------------------------------------------------------------------------------------------
+# paths: every entry point that takes a file name
+
+
+class _RaisingPath:
+    """An ``os.PathLike`` whose ``__fspath__`` raises."""
+
+    def __fspath__(self):
+        raise RuntimeError("no path today")
+
+
+HOSTILE_PATHS = [3, 2.5, None, _RaisingPath(), "", "a\x00b", ["m.onnx"]]
+
+
+@pytest.mark.parametrize("path", HOSTILE_PATHS, ids=repr)
+@pytest.mark.parametrize("entry", ["save", "load", "compile", "info"])
+def test_a_hostile_path_is_a_byoc_error(relu_model, entry, path):
+    call = {"save": relu_model.save, "load": byoc.load, "compile": lambda p: byoc.compile(p, targets=[]),
+            "info": byoc.info}[entry]
+    with pytest.raises(ByocError):
+        call(path)

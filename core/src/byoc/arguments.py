@@ -87,15 +87,28 @@ def check_run_args(feeds: Any, *, timeout: Any = None, cancel: Any = None) -> No
         raise OptionError(f"cancel must be a byoc.CancelHandle or None, got {_type(cancel)}")
 
 
+def file_path(path: Any, what: str, error: type[Exception]) -> str:
+    """``path`` (a ``str`` or ``os.PathLike``) as text, or ``error`` naming ``what``: not a path,
+    an ``__fspath__`` that raises or gives bytes, an empty name, a NUL byte."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise error(f"{what} must be a str or os.PathLike, got {path!r:.80} ({_type(path)})")
+    try:
+        text = os.fspath(path)
+    except Exception as exc:  # a PathLike whose __fspath__ raises
+        raise error(f"{what}: its __fspath__ raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(text, str):
+        raise error(f"{what} must be text, not {_type(text)}")
+    if not text:
+        raise error(f"{what} is empty")
+    if "\x00" in text:
+        raise error(f"{what} {text!r} contains a NUL byte")
+    return text
+
+
 def check_load_args(path: Any, *, budget: Any = None) -> None:
     """Raise :class:`BundleError` for a path that is not one, :class:`OptionError` for a bad budget."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise BundleError(f"the bundle path must be a str or os.PathLike, got {path!r} ({_type(path)})")
-    if isinstance(os.fspath(path), bytes):
-        raise BundleError("the bundle path must be text, not bytes")
-    if not os.fspath(path):
-        raise BundleError("the bundle path is empty")
+    file_path(path, "the bundle path", BundleError)
     _budget(budget)
 
 
-__all__ = ["check_compile_args", "check_load_args", "check_run_args"]
+__all__ = ["check_compile_args", "check_load_args", "check_run_args", "file_path"]

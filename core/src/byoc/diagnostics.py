@@ -10,7 +10,9 @@ import collections
 import os
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
+from byoc.arguments import file_path
 from byoc.contract import environment as _env
+from byoc.errors import ModelLoadError
 
 if TYPE_CHECKING:  # pragma: no cover
     from byoc.budget import Budget
@@ -111,7 +113,7 @@ def info(model: "ModelLike", *, budget: "Budget | None" = None) -> ModelInfo:
         if not supported[key]:
             unsupported_nodes.append(node.name or key)
     if isinstance(model, (str, os.PathLike)):
-        name = os.fspath(model)
+        name = file_path(model, "the model path", ModelLoadError)
     else:
         name = graph.name or type(model).__name__
     return ModelInfo(

@@ -33,6 +33,7 @@ from byoc.bundle.format import (
 )
 from byoc.bundle import shared
 from byoc.bundle.reader import check_onnx
+from byoc.arguments import file_path
 from byoc.errors import BundleError
 from byoc.contract import HOOK_API_VERSION
 
@@ -269,9 +270,7 @@ def save(cm: "CompiledModel", path: str | os.PathLike) -> Path:
     An existing file at ``path`` stays untouched until the new bundle is complete on disk.
     :returns: the path written.
     """
-    path = Path(os.fspath(path))
-    if "\x00" in str(path):
-        raise BundleError(f"bundle path {str(path)!r} contains a NUL byte")
+    path = Path(file_path(path, "the bundle path", BundleError))
     if path.is_dir():
         raise BundleError(f"cannot save the bundle to {str(path)!r}: it is a directory")
     folder = path.parent if str(path.parent) else Path(".")

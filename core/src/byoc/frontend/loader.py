@@ -38,6 +38,7 @@ from typing import Union
 import onnx
 import onnx_ir as ir
 
+from byoc.arguments import file_path
 from byoc.budget import DEFAULT_BUDGET, Budget, _fmt_bytes
 from byoc.errors import ByocError, ModelLoadError, ModelValidationError, ResourceLimitError
 from byoc.frontend import bounded, external, validate, weights
@@ -90,10 +91,8 @@ def _read_proto(model: ModelLike, budget: Budget) -> tuple[onnx.ModelProto, str,
 
 def _read_file(model: str | os.PathLike, budget: Budget) -> tuple[onnx.ModelProto, str, Path | None]:
     try:
-        path = Path(model)
+        path = Path(file_path(model, "the model path", ModelLoadError))
         origin = str(path)
-        if "\x00" in origin:
-            raise ModelLoadError(f"model path {origin!r} contains a NUL byte")
         if not path.exists():
             raise ModelLoadError(f"model file not found: {origin}")
         if path.is_dir():
