@@ -143,10 +143,11 @@ def analyze(node: ir.Node, shape_of: ShapeOf, const_of: ConstOf, opset: int,
     # every tensor the generated code touches is float32 with a static shape (the exceptions are
     # the constant int64 shape/axes operands of Reshape, Squeeze, Unsqueeze and Clip's bounds)
     data_inputs = _data_inputs(node)
+    is_data = set(data_inputs)
     for i, v in enumerate(node.inputs):
         if v is None:
             continue
-        if i in data_inputs:
+        if i in is_data:
             if dtype_of(v) != FLOAT:
                 raise Unsupported(f"{op}: input {v.name!r} is {dtype_of(v)}, the cpu target computes float32 only")
             s = shape_of(v)
