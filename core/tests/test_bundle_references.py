@@ -90,3 +90,17 @@ def test_a_few_honest_copies_still_load(tmp_path):
     cm = byoc.load(path, registry=reg, budget=byoc.Budget(max_total_bytes=32 << 20))
     x = np.ones((128, 128), np.float32)
     assert np.array_equal(cm.run({"x": x})["y"], np.maximum(x + np.arange(16384, dtype=np.float32).reshape(128, 128), 0))
+
+
+@pytest.mark.parametrize("dims", [[1 << 32, 1 << 32], [1 << 62, 4], [-1, -2]])
+def test_a_reference_whose_dims_overflow_is_refused(tmp_path, dims):
+    # dims multiplying past 2**63 wrap to 0 in int64: with length 0 the reference looked consistent
+    members = _with_copies(_members(tmp_path), 1, length=0)
+    region = onnx.ModelProto()
+    region.ParseFromString(members[REGION])
+    t = next(t for t in region.graph.initializer if t.name == "copy0")
+    del t.dims[:]
+    t.dims.extend(dims)
+    path = _write({**members, REGION: region.SerializeToString()}, tmp_path / "m.byoc")
+    with pytest.raises(byoc.BundleError, match="do not hold dims"):
+        byoc.load(path, registry=fh.registry(fh.HostilePlugin("none", "none", 0)))

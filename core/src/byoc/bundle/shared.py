@@ -21,6 +21,7 @@ a file, and anything else that claims external data is still refused.
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 
 import numpy as np
@@ -273,7 +274,7 @@ def resolve(graph: onnx.GraphProto, artifact: bytes | None, fail, budget=None, s
             raise fail(f"initializer {t.name!r}: range [{off}, {off + length}) is outside {whose} "
                        f"{len(blob)} bytes")
         itemsize = _itemsize(t, fail)
-        if any(d < 0 for d in t.dims) or int(np.prod(t.dims, dtype=np.int64)) * itemsize != length:
+        if any(d < 0 for d in t.dims) or math.prod(int(d) for d in t.dims) * itemsize != length:
             raise fail(f"initializer {t.name!r}: {length} bytes do not hold dims {list(t.dims)}")
         if copy is not None and not copy(t):
             continue

@@ -58,7 +58,7 @@ def _nbytes(value: ir.Value) -> int:
     try:
         return int(t.nbytes)
     except Exception:  # a tensor type that cannot say (strings): count its elements
-        return int(np.prod(t.shape.numpy() if t.shape is not None else (), dtype=np.int64)) * 8
+        return math.prod(int(d) for d in (t.shape.numpy() if t.shape is not None else ())) * 8
 
 
 def _release_unused(graph: ir.Graph, node_inputs) -> int:
