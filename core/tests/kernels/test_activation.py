@@ -94,6 +94,18 @@ def test_relu_integers(dtype):
     check("Relu", [np.arange(-5, 5, dtype=dtype)])
 
 
+@pytest.mark.parametrize("alpha", [-0.5, 0.0, 1.0, 2.5])
+def test_leaky_relu_any_alpha(alpha):
+    x = np.array([-3.0, -0.5, -0.0, 0.0, 0.25, 4.0, np.inf, -np.inf, np.nan], np.float32)
+    check("LeakyRelu", [x], {"alpha": alpha})
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint8])
+def test_shrink_integers(dtype):
+    # computed in float and truncated back, as onnx.reference does
+    check("Shrink", [np.arange(0 if dtype == np.uint8 else -5, 6).astype(dtype)], {"lambd": 1.5, "bias": 0.5})
+
+
 @SETTINGS
 @given(
     shapes=hnp.mutually_broadcastable_shapes(num_shapes=1, min_dims=1, max_dims=4, max_side=5),

@@ -83,6 +83,8 @@ def make_relu(spec: NodeSpec):
 @kernel("LeakyRelu")
 def make_leaky_relu(spec: NodeSpec):
     alpha = _float_attr(spec, "alpha", 0.01)
+    if alpha == 0:  # inf * 0 is NaN: the max below would lose +inf
+        return _pointwise(spec, lambda x: _split(x, lambda n: n * alpha))
     # x for x >= 0, alpha * x below: the larger of the two where alpha <= 1, else the smaller
     pick = np.maximum if alpha <= 1 else np.minimum
     return _pointwise(spec, lambda x: pick(x, x * alpha))
