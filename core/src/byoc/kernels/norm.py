@@ -1,65 +1,48 @@
 """Normalisations: BatchNormalization (inference), LayerNormalization, InstanceNormalization, LRN.
 
-16-bit float inputs are computed in float32 and rounded back; float64 stays float64. Means and
-variances are accumulated in float64.
+Plain numpy. 16-bit float inputs are computed in float32 and rounded back; float64 stays
+float64. Means and variances are accumulated in float64.
 """
 
 from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
 from byoc.kernels.elementwise import compute_dtype
-from byoc.kernels.parallel import run_blocks
 from byoc.kernels.registry import NodeSpec, kernel
 
 
-def _over_pool(fn, n: int, size: int) -> None:
-    """``fn(lo, hi)`` over blocks of ``range(n)`` (``size`` elements in all; a normalisation reads
-    each element several times and does a division per element, so it counts 16 a piece)."""
-    run_blocks(fn, n, 16 * max(1, size // max(1, n)))
-
-
-def _check_float(spec: NodeSpec, x: np.ndarray, what: str = "X") -> np.dtype:
+def _as_float(spec: NodeSpec, x, what: str = "X") -> np.ndarray:
+    """``x`` in its compute dtype, which must be a float."""
+    x = np.asarray(x)
     dt = compute_dtype(x.dtype)
     if dt.kind != "f":
         raise spec.error(f"{what} must be a float tensor, got {x.dtype}")
-    return dt
+    return x.astype(dt, copy=False)
+
+
+def _normalize(x: np.ndarray, axes: tuple[int, ...], eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(x - mean) / sqrt(var + eps)`` over ``axes`` (in ``x``'s dtype), the mean and ``1 / sqrt(var + eps)``
+    (float64, the reduced axes kept as size 1)."""
+    n = math.prod(x.shape[a] for a in axes)
+    mean = x.sum(axis=axes, keepdims=True, dtype=np.float64) / n
+    d = x - mean.astype(x.dtype)
+    inv = 1.0 / np.sqrt(np.square(d).sum(axis=axes, keepdims=True, dtype=np.float64) / n + eps)
+    d *= inv.astype(x.dtype)
+    return d, mean, inv
 
 
 # -------------------------------------------------------------------------------------------------
 # BatchNormalization
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _channel_affine(x, scale, shift, out, c0, c1):
-    """``out[n, c, s] = x[n, c, s] * scale[c, s|0] + shift[c, s|0]`` for channels ``[c0, c1)``."""
-    nb, c_, s_ = x.shape
-    full = scale.shape[1] > 1
-    for n in range(nb):
-        for c in range(c0, c1):
-            xi = x[n, c]
-            o = out[n, c]
-            if full:
-                a = scale[c]
-                b = shift[c]
-                for i in range(s_):
-                    o[i] = xi[i] * a[i] + b[i]
-            else:
-                a0 = scale[c, 0]
-                b0 = shift[c, 0]
-                for i in range(s_):
-                    o[i] = xi[i] * a0 + b0
-
-
-def _bn_affine(scale, bias, mean, var, eps, dt):
-    """Per-channel (or per-element, for the legacy ``spatial=0``) scale and shift, in float64 then ``dt``."""
+def _bn_affine(scale, bias, mean, var, eps: float, dt: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The scale and shift of each channel (or element, for the legacy ``spatial=0``): in float64, then ``dt``."""
     s = np.asarray(scale, np.float64) / np.sqrt(np.asarray(var, np.float64) + eps)
     b = np.asarray(bias, np.float64) - np.asarray(mean, np.float64) * s
-    c = s.shape[0]
-    return (np.ascontiguousarray(s.reshape(c, -1), dtype=dt), np.ascontiguousarray(b.reshape(c, -1), dtype=dt))
+    return s.astype(dt), b.astype(dt)
 
 
 def _check_bn_params(spec: NodeSpec, params) -> None:
@@ -93,64 +76,38 @@ def make_batch_normalization(spec: NodeSpec):
         )
     consts = [spec.const_inputs.get(i) for i in range(1, 5)]
     _check_bn_params(spec, consts)
-    x_dtype = spec.input_dtypes[0] if spec.input_dtypes else None
-    pre = None
-    if all(c is not None for c in consts) and x_dtype is not None and compute_dtype(x_dtype).kind == "f":
-        pre = (compute_dtype(x_dtype), *_bn_affine(*consts, eps, compute_dtype(x_dtype)))
+    x_dtype = compute_dtype(spec.input_dtypes[0]) if spec.input_dtypes and spec.input_dtypes[0] is not None else None
+    pre = None  # (compute dtype, scale, shift) from constant parameters
+    if all(c is not None for c in consts) and x_dtype is not None and x_dtype.kind == "f":
+        pre = (x_dtype, *_bn_affine(*consts, eps, x_dtype))
 
     def run(x, scale, bias, mean, var):
-        dt = _check_float(spec, x)
-        if x.ndim < 2:
-            raise spec.error(f"X must have rank >= 2, got shape {list(x.shape)}")
-        c = x.shape[1]
-        if pre is not None and pre[0] == dt and pre[1].shape[0] == c:
+        xc = _as_float(spec, x)
+        if xc.ndim < 2:
+            raise spec.error(f"X must have rank >= 2, got shape {list(xc.shape)}")
+        c = xc.shape[1]
+        if pre is not None and pre[0] == xc.dtype and pre[1].shape[0] == c:
             a, b = pre[1], pre[2]
         else:
             _check_bn_params(spec, [scale, bias, mean, var])
             for name, p in (("scale", scale), ("B", bias), ("mean", mean), ("var", var)):
-                if p.shape[0] != c or (p.ndim > 1 and p.size != x[0].size):
-                    raise spec.error(f"{name} has shape {list(p.shape)}, expected [{c}] for X of shape {list(x.shape)}")
-            a, b = _bn_affine(scale, bias, mean, var, eps, dt)
-        xr = np.ascontiguousarray(x, dtype=dt).reshape(x.shape[0], c, -1)
-        if a.shape[1] not in (1, xr.shape[2]):
-            raise spec.error(f"per-element parameters of shape {list(scale.shape)} do not match X {list(x.shape)}")
-        out = spec.alloc.empty_like(xr)
-        _over_pool(lambda lo, hi: _channel_affine(xr, a, b, out, lo, hi), c, xr.size)
-        y = out.reshape(x.shape)
-        if y.dtype != x.dtype:
-            y = y.astype(x.dtype)
-        return (y,)
+                if p.shape[0] != c or (p.ndim > 1 and p.size != math.prod(xc.shape[1:])):
+                    raise spec.error(f"{name} has shape {list(p.shape)}, expected [{c}] for X of shape {list(xc.shape)}")
+            a, b = _bn_affine(scale, bias, mean, var, eps, xc.dtype)
+        # one value per channel, or per element of a sample (the legacy spatial=0)
+        shape = xc.shape[1:] if a.ndim > 1 else (c,) + (1,) * (xc.ndim - 2)
+        if a.size != math.prod(shape):
+            raise spec.error(f"per-element parameters of shape {list(a.shape)} do not match X {list(xc.shape)}")
+        with np.errstate(invalid="ignore"):  # inf * 0
+            y = xc * a.reshape(shape)
+            y += b.reshape(shape)
+        return (y.astype(np.asarray(x).dtype, copy=False),)
 
     return run
 
 
 # -------------------------------------------------------------------------------------------------
 # LayerNormalization
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _layer_norm(x, scale, bias, has_bias, eps, out, mean_out, inv_out, r0, r1):
-    rows, cols = x.shape
-    for r in range(r0, r1):
-        xi = x[r]
-        acc = 0.0
-        for i in range(cols):
-            acc += xi[i]
-        mu = acc / cols
-        sq = 0.0
-        for i in range(cols):
-            d = xi[i] - mu
-            sq += d * d
-        inv = 1.0 / math.sqrt(sq / cols + eps)
-        mean_out[r] = mu
-        inv_out[r] = inv
-        o = out[r]
-        if has_bias:
-            for i in range(cols):
-                o[i] = (xi[i] - mu) * inv * scale[i] + bias[i]
-        else:
-            for i in range(cols):
-                o[i] = (xi[i] - mu) * inv * scale[i]
 
 
 @kernel("LayerNormalization")
@@ -162,40 +119,29 @@ def make_layer_normalization(spec: NodeSpec):
         raise spec.error(f"stash_type={stash} is not supported (only 1, float32 statistics)")
 
     def run(x, scale, bias=None):
-        dt = _check_float(spec, x)
-        r = x.ndim
+        xc = _as_float(spec, x)
+        r = xc.ndim
         axis = axis_attr + r if axis_attr < 0 else axis_attr
         if not 0 <= axis < r:
             raise spec.error(f"axis {axis_attr} is out of range for X of rank {r}")
-        norm_shape = x.shape[axis:]
-        cols = int(np.prod(norm_shape))
-        rows = int(np.prod(x.shape[:axis]))
+        norm_shape = xc.shape[axis:]
 
-        def flat(p, name):
+        def param(p, name):
             try:
-                return np.ascontiguousarray(np.broadcast_to(np.asarray(p, dtype=dt), norm_shape)).reshape(cols)
+                return np.broadcast_to(np.asarray(p, dtype=xc.dtype), norm_shape)
             except ValueError:
                 raise spec.error(f"{name} of shape {list(p.shape)} does not broadcast to {list(norm_shape)}") from None
 
-        s = flat(scale, "Scale")
-        b = flat(bias, "B") if bias is not None else s
-        xr = np.ascontiguousarray(x, dtype=dt).reshape(rows, cols)
-        out = spec.alloc.empty_like(xr)
-        # statistics are float32 (stash_type=1); float64 inputs keep float64 statistics internally
-        mean = spec.alloc.empty(rows, np.float64)
-        inv = spec.alloc.empty(rows, np.float64)
-        _over_pool(lambda lo, hi: _layer_norm(xr, s, b, bias is not None, eps, out, mean, inv, lo, hi), rows,
-                   xr.size)
-        y = out.reshape(x.shape)
-        if y.dtype != x.dtype:
-            y = y.astype(x.dtype)
-        stat_shape = x.shape[:axis] + (1,) * (r - axis)
-        res = [y]
-        if spec.n_outputs > 1:
-            res.append(mean.astype(np.float32).reshape(stat_shape))
-        if spec.n_outputs > 2:
-            res.append(inv.astype(np.float32).reshape(stat_shape))
-        return tuple(res)
+        s = param(scale, "Scale")
+        b = param(bias, "B") if bias is not None else None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y, mean, inv = _normalize(xc, tuple(range(axis, r)), eps)
+        y *= s
+        if b is not None:
+            y += b
+        # statistics are float32 (stash_type=1)
+        stats = (mean.astype(np.float32), inv.astype(np.float32))
+        return (y.astype(np.asarray(x).dtype, copy=False), *stats[: spec.n_outputs - 1])
 
     return run
 
@@ -204,84 +150,29 @@ def make_layer_normalization(spec: NodeSpec):
 # InstanceNormalization
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _instance_norm(x, scale, bias, eps, out, c0, c1):
-    nb, c_, s_ = x.shape
-    for n in range(nb):
-        for c in range(c0, c1):
-            xi = x[n, c]
-            acc = 0.0
-            for i in range(s_):
-                acc += xi[i]
-            mu = acc / s_
-            sq = 0.0
-            for i in range(s_):
-                d = xi[i] - mu
-                sq += d * d
-            a = scale[c] / math.sqrt(sq / s_ + eps)
-            b = bias[c] - mu * a
-            o = out[n, c]
-            for i in range(s_):
-                o[i] = xi[i] * a + b
-
-
 @kernel("InstanceNormalization")
 def make_instance_normalization(spec: NodeSpec):
     eps = float(spec.attr("epsilon", 1e-5))
 
     def run(x, scale, bias):
-        dt = _check_float(spec, x)
-        if x.ndim < 3:
-            raise spec.error(f"X must have rank >= 3, got shape {list(x.shape)}")
-        c = x.shape[1]
+        xc = _as_float(spec, x)
+        if xc.ndim < 3:
+            raise spec.error(f"X must have rank >= 3, got shape {list(xc.shape)}")
+        c = xc.shape[1]
         if scale.shape != (c,) or bias.shape != (c,):
             raise spec.error(f"scale and B must have shape [{c}], got {list(scale.shape)} and {list(bias.shape)}")
-        xr = np.ascontiguousarray(x, dtype=dt).reshape(x.shape[0], c, -1)
-        out = spec.alloc.empty_like(xr)
-        sc, bi = np.asarray(scale, np.float64), np.asarray(bias, np.float64)
-        _over_pool(lambda lo, hi: _instance_norm(xr, sc, bi, eps, out, lo, hi), c, xr.size)
-        y = out.reshape(x.shape)
-        if y.dtype != x.dtype:
-            y = y.astype(x.dtype)
-        return (y,)
+        per_channel = (c,) + (1,) * (xc.ndim - 2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y = _normalize(xc, tuple(range(2, xc.ndim)), eps)[0]
+        y *= np.asarray(scale, xc.dtype).reshape(per_channel)
+        y += np.asarray(bias, xc.dtype).reshape(per_channel)
+        return (y.astype(np.asarray(x).dtype, copy=False),)
 
     return run
 
 
 # -------------------------------------------------------------------------------------------------
 # LRN
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _lrn(x, size, alpha, beta, bias, out):
-    """Across-channel LRN with a running window of squared channel planes."""
-    nb, c_, s_ = x.shape
-    lo_off = (size - 1) // 2
-    hi_off = size - 1 - lo_off  # window [c - lo_off, c + hi_off]
-    sq = np.zeros(s_, dtype=np.float64)
-    k = alpha / size
-    for n in range(nb):
-        sq[:] = 0.0
-        for c in range(min(hi_off, c_ - 1) + 1):
-            xc = x[n, c]
-            for i in range(s_):
-                sq[i] += xc[i] * xc[i]
-        for c in range(c_):
-            xc = x[n, c]
-            o = out[n, c]
-            for i in range(s_):
-                o[i] = xc[i] * (bias + k * sq[i]) ** (-beta)
-            # slide: add channel c+hi_off+1, drop channel c-lo_off
-            add = c + hi_off + 1
-            if add < c_:
-                xa = x[n, add]
-                for i in range(s_):
-                    sq[i] += xa[i] * xa[i]
-            drop = c - lo_off
-            if drop >= 0:
-                xd = x[n, drop]
-                for i in range(s_):
-                    sq[i] -= xd[i] * xd[i]
 
 
 @kernel("LRN")
@@ -293,17 +184,21 @@ def make_lrn(spec: NodeSpec):
     alpha = float(spec.attr("alpha", 1e-4))
     beta = float(spec.attr("beta", 0.75))
     bias = float(spec.attr("bias", 1.0))
+    lo = (size - 1) // 2  # channel c sums the squares of channels [c - lo, c + size - 1 - lo]
 
     def run(x):
-        dt = _check_float(spec, x)
-        if x.ndim < 3:
-            raise spec.error(f"X must have rank >= 3, got shape {list(x.shape)}")
-        xr = np.ascontiguousarray(x, dtype=dt).reshape(x.shape[0], x.shape[1], -1)
-        out = spec.alloc.empty_like(xr)
-        _lrn(xr, size, alpha, beta, bias, out)
-        y = out.reshape(x.shape)
-        if y.dtype != x.dtype:
-            y = y.astype(x.dtype)
-        return (y,)
+        xc = _as_float(spec, x)
+        if xc.ndim < 3:
+            raise spec.error(f"X must have rank >= 3, got shape {list(xc.shape)}")
+        c = xc.shape[1]
+        window = np.square(xc, dtype=np.float64)
+        for k in range(max(-lo, 1 - c), min(size - lo, c)):  # the other channel offsets within the tensor
+            if k > 0:
+                window[:, : c - k] += np.square(xc[:, k:], dtype=np.float64)
+            elif k < 0:
+                window[:, -k:] += np.square(xc[:, : c + k], dtype=np.float64)
+        window *= alpha / size
+        window += bias
+        return ((xc * window ** -beta).astype(np.asarray(x).dtype),)
 
     return run

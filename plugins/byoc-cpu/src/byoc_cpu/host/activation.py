@@ -355,7 +355,15 @@ def make_gelu(spec: NodeSpec):
 def make_shrink(spec: NodeSpec):
     lambd = _float_attr(spec, "lambd", 0.5)
     bias = _float_attr(spec, "bias", 0.0)
-    return _pointwise(spec, k_shrink, lambd, bias, kinds="iuf")
+    floats = _pointwise(spec, k_shrink, lambd, bias)
+
+    def run(x):
+        x = np.asarray(x)
+        if x.dtype.kind in "iu":  # in float64, truncated back, as onnx.reference and onnxruntime do
+            return (np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0)).astype(x.dtype),)
+        return floats(x)
+
+    return run
 
 
 def _scalar_bound(spec: NodeSpec, v, name: str) -> float | None:
