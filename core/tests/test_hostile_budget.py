@@ -33,8 +33,6 @@ KERNELS = Path(byoc.kernels.__file__).parent
 
 # (module, function): why a direct numpy allocation there is bounded without a check of its own
 ALLOWED = {
-    ("elementwise.py", "binary"): "the broadcast output, checked by plan_for before the call",
-    ("elementwise.py", "unary"): "the size of its (already budgeted) input",
     ("indexing.py", "make_trilu.run"): "the size of its input, checked just before",
     ("quant.py", "broadcast_param"): "checked just before (blocks * block_size)",
     ("resize.py", "_source_coords"): "one coordinate per output position; axis_taps checks first",
