@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from byoc.errors import KernelError
-from kernels import serial as serial_ranges
 from byoc.kernels.registry import NodeSpec, make_kernel
 from byoc.testing.oracle import assert_close, run_byoc, run_reference, single_node_model
 
@@ -436,28 +435,6 @@ def test_dropout_training_mode_masks_and_scales():
     np.testing.assert_allclose(out[mask], 1 / 0.75, rtol=1e-6)
     assert np.all(out[~mask] == 0)
     assert 0.6 < mask.mean() < 0.9
-
-
-# -------------------------------------------------------------------------------------------------
-# byoc.kernels.parallel: how the reference kernels hand range work to a host executor
-
-
-def test_run_ranges_runs_serially_without_a_runner_and_hands_work_to_one():
-    from byoc.kernels import parallel
-
-    seen = []
-    with serial_ranges():
-        parallel.run_ranges(lambda s, e: seen.append((s, e)), 10_000, ())
-    assert seen == [(0, 10_000)]
-    calls = []
-    previous = parallel._runner
-    parallel.use(lambda fn, n, args, cost: calls.append((n, cost)) or fn(*args, 0, n))
-    try:
-        parallel.run_ranges(lambda s, e: seen.append((s, e)), 500, (), unit_cost=7)
-        parallel.run_ranges(lambda s, e: seen.append((s, e)), 1, ())  # one unit: never handed out
-    finally:
-        parallel.use(previous)
-    assert calls == [(500, 7)] and seen[1:] == [(0, 500), (0, 1)]
 
 
 # -------------------------------------------------------------------------------------------------

@@ -114,9 +114,6 @@ class HostExecutor:
     :param kernel: ``kernel(spec) -> run function | None``; ``None`` leaves the node to the
         reference kernel. Errors follow the reference's rules (:class:`byoc.KernelError` naming
         the node).
-    :param parallel: ``parallel(fn, n_units, args, unit_cost)``: how the reference kernels split
-        range work (``fn(*args, start, stop)`` over ``[0, n_units)``, disjoint outputs per unit);
-        ``None``: they run each range serially.
     :param begin_run: called at the start of every plan run (a pool waking its threads).
     :param fusions: ``fusions(nodes, is_host) -> list of Fusion``: chains of host nodes run as
         one step, offered where nothing observes the values between nodes (not calibration, not
@@ -129,7 +126,6 @@ class HostExecutor:
     description: str = ""
     priority: int = 0
     kernel: Callable[[NodeSpec], "RunFn | None"] = lambda spec: None
-    parallel: Callable[..., None] | None = None
     begin_run: Callable[[], None] | None = None
     fusions: Callable[[list["ir.Node"], Callable[["ir.Node"], bool]], list[Fusion]] | None = None
     first_run: Callable[[Callable[[], Any]], Any] | None = None

@@ -18,7 +18,6 @@ import numpy as np
 from byoc.contract.geometry import auto_pad_mode, canon5, int_list, pad3, window_geometry
 from byoc.kernels.conv import valid_range as _tap_range  # outputs whose tap lies inside the input
 from byoc.kernels.elementwise import compute_dtype
-from byoc.kernels.parallel import run_ranges
 from byoc.kernels.registry import NodeSpec, kernel
 
 # -------------------------------------------------------------------------------------------------
@@ -220,8 +219,7 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
             _maxpool_indices(x5, *k3, *s3, *d3, pd, ph, pw, storage_order == 1, _lowest(dt), out, idx)
         else:
             init = _lowest(dt) if is_max else dt.type(0)
-            run_ranges(_pool_taps, x.shape[0] * x.shape[1], (x5, *k3, *s3, *d3, pd, ph, pw, is_max, init, out),
-                       unit_cost=out[0, 0].size * int(np.prod(k3)))
+            _pool_taps(x5, *k3, *s3, *d3, pd, ph, pw, is_max, init, out, 0, x.shape[0] * x.shape[1])
             if not is_max:
                 np.divide(out, g["divisor"], out=out, casting="unsafe")  # float64 quotient, rounded once
         shape = x.shape[:2] + tuple(g["out_sp"])

@@ -16,7 +16,6 @@ import onnx_ir as ir
 from byoc.budget import DEFAULT_BUDGET, Budget
 from byoc.contract.host import Fusion, HostExecutor, NodeSpec, RunFn
 from byoc.errors import ByocError, InputError, KernelError, ResourceLimitError
-from byoc.kernels import parallel as _parallel
 from byoc.kernels.registry import make_kernel
 from byoc.progress import ticker as progress_ticker
 from byoc.runtime import control as _control
@@ -289,8 +288,6 @@ def build_plan(
     than the last are then never seen, so only callers that observe nothing between nodes ask
     for it (not calibration, not a kernel wrapper).
     """
-    if host is not None and host.parallel is not None:
-        _parallel.use(host.parallel)
     slots: dict[int, int] = {}  # id(value) -> slot
 
     def slot_of(v: ir.Value) -> int:

@@ -1,10 +1,11 @@
 """byoc-cpu as the host's CPU executor: the tuned kernels that serve the nodes no target took.
 
 byoc asks :func:`executor`'s ``kernel(spec)`` first for every host node (byoc's reference kernels
-run the ones it declines), lets the reference kernels split their range work over this
-package's thread pool (:mod:`byoc_cpu.host.threads`), and runs Conv -> Add/Sum -> Relu chains
-as one step (:mod:`byoc_cpu.host.fusion`), and compiles a first run's kernels in helper
-processes where there are cores to spare (:mod:`byoc_cpu.host.jithelpers`). Everything heavy is
+run the ones it declines): convolutions, GEMMs, pooling, elementwise, activation, reduction and
+normalisation kernels that split their work over this package's thread pool
+(:mod:`byoc_cpu.host.threads`). It runs Conv -> Add/Sum -> Relu chains as one step
+(:mod:`byoc_cpu.host.fusion`) and compiles a first run's kernels in helper processes where
+there are cores to spare (:mod:`byoc_cpu.host.jithelpers`). Everything heavy is
 imported on first use.
 """
 
@@ -31,12 +32,6 @@ def _kernel(spec: NodeSpec):
     return None if make is None else make(spec)
 
 
-def _parallel(fn, n_units, args, unit_cost=1):
-    from byoc_cpu.host.threads import run_ranges
-
-    run_ranges(fn, n_units, args, unit_cost)
-
-
 def _begin_run():
     from byoc_cpu.host.threads import wake
 
@@ -59,10 +54,10 @@ def executor() -> HostExecutor:
     """byoc-cpu's host executor (registered by :mod:`byoc_cpu.plugin`)."""
     return HostExecutor(
         "cpu",
-        description="byoc-cpu's tuned kernels: blocked and GEMM convolutions, own AVX-512 GEMM, thread pool",
+        description="byoc-cpu's tuned kernels: blocked and GEMM convolutions, own AVX-512 GEMM, "
+                    "ranged elementwise/activation/reduction/normalisation kernels, thread pool",
         priority=10,
         kernel=_kernel,
-        parallel=_parallel,
         begin_run=_begin_run,
         fusions=_fusions,
         first_run=_first_run,
