@@ -97,12 +97,31 @@ def test_a_damaged_entry_is_compiled_again(model, tmp_path, damage):
     assert all(pickle.loads(p.read_bytes()) is not None for p in index_files(cache))  # replaced by good ones
 
 
-def test_without_numba_cache_dir_byoc_uses_its_own_private_folder(tmp_path):
+def test_without_numba_cache_dir_the_default_place_is_used_only_where_trusted(tmp_path, monkeypatch):
+    from numba.core import config
+
+    from byoc import numba_cache
+
+    monkeypatch.setattr(config, "CACHE_DIR", "")
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "home"))
+    mine = tmp_path / "pkg"
+    mine.mkdir(mode=0o755)
+    assert numba_cache.secure([mine, tmp_path / "not-yet"]) is None and config.CACHE_DIR == ""
+    shared = tmp_path / "shared-pkg"
+    shared.mkdir()
+    shared.chmod(0o777)
+    folder = numba_cache.secure([mine, shared])
+    assert folder == tmp_path / "home" / "numba" and config.CACHE_DIR == str(folder)
+    assert folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_byoc_as_installed_here_follows_the_policy(tmp_path):
+    from byoc import numba_cache
+
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BYOC_", "NUMBA_"))}
-    env.update(BYOC_CACHE_DIR=str(tmp_path / "home"), BYOC_PLUGINS="")
+    env["BYOC_CACHE_DIR"] = str(tmp_path / "home")
     done = subprocess.run([sys.executable, "-c", "import byoc; from numba.core import config; print(config.CACHE_DIR)"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    folder = Path(done.stdout.strip())
-    assert folder == tmp_path / "home" / "numba"
-    assert folder.stat().st_mode & 0o777 == 0o700
+    trusted = all(numba_cache._trusted(f) for f in numba_cache._package_folders())
+    assert done.stdout.strip() == ("" if trusted else str(tmp_path / "home" / "numba"))
