@@ -278,3 +278,26 @@ def test_ceil_mode_pool_shapes_follow_the_operator_not_onnx_inference():
     for targets in ([], None):
         got = byoc.compile(model, targets=targets).run({"x": x})["y"]
         np.testing.assert_array_equal(got, run_onnxruntime(model, {"x": x})[0])
+
+
+def test_shapes_are_inferred_again_after_folding():
+    # BERT's position ids: a Slice of a large table up to Shape(ids)[1]; once input_shapes fixes the
+    # dims and folding makes the slice a constant, what follows it gets its static shape too
+    from byoc.budget import DEFAULT_BUDGET
+    from byoc.frontend.shapes import fix_input_shapes
+
+    emb = nh.from_array(np.random.default_rng(0).standard_normal((512, 8)).astype(np.float32), "emb")
+    table = nh.from_array(np.arange(512, dtype=np.int64).reshape(1, 512), "table")
+    nodes = [h.make_node("Shape", ["ids"], ["s"]), h.make_node("Gather", ["s", "one"], ["n"], axis=0),
+             h.make_node("Slice", ["table", "zero", "n", "one"], ["pos"]),
+             h.make_node("Gather", ["emb", "ids"], ["a"]), h.make_node("Gather", ["emb", "pos"], ["b"]),
+             h.make_node("Add", ["a", "b"], ["y"], name="add")]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("ids", T.INT64, ["B", "S"])],
+                         [h.make_tensor_value_info("y", T.FLOAT, None)],
+                         [emb, table, nh.from_array(np.array([1], np.int64), "one"),
+                          nh.from_array(np.array([0], np.int64), "zero")])
+    model = load_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]))
+    fix_input_shapes(model, {"ids": [1, 16]}, DEFAULT_BUDGET)
+    run_passes(model)
+    add = next(n for n in model.graph if n.name == "add")
+    assert list(add.outputs[0].shape) == [1, 16, 8]

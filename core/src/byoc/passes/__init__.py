@@ -42,6 +42,10 @@ def run_passes(
 ) -> list[str]:
     """Run the named passes (default: all) in their fixed order; returns those that changed the model.
 
+    Shape inference runs again at the end when folding made constants of values it could not
+    see through (an attention mask built from ``Shape``/``Expand``/``ConstantOfShape``): what
+    follows them gets its static shape.
+
     :raises OptionError: an unknown pass name (the message lists the valid ones).
     """
     selected = DEFAULT_PASSES if passes is None else tuple(passes)
@@ -54,6 +58,9 @@ def run_passes(
         bounded.check(f"the {name} pass")
         if name in selected and fn(model, ctx):
             changed.append(name)
+    if "shape_inference" in selected and {"constant_folding", "bn_folding"} & set(changed):
+        bounded.check("shape inference after folding")
+        infer_shapes(model, ctx)
     return changed
 
 
