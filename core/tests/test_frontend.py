@@ -834,3 +834,15 @@ def test_no_warnings_for_a_clean_model():
         warnings.simplefilter("error")
         _load(_conv())
         _load(_conv(opset=13))
+
+
+def test_onnxruntime_contrib_operators_are_named_with_what_to_do():
+    nodes = [h.make_node("FastGelu", ["x"], ["y"], domain="com.microsoft", name="gelu"),
+             h.make_node("SkipLayerNormalization", ["y", "x", "g"], ["z"], domain="com.microsoft", name="sln")]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2, 4])],
+                         [h.make_tensor_value_info("z", T.FLOAT, [2, 4])],
+                         [onnx.numpy_helper.from_array(np.ones(4, np.float32), "g")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(UnsupportedOperatorError, match="FastGelu, SkipLayerNormalization are onnxruntime's own "
+                                                      "operators.*without onnxruntime's optimisation"):
+        byoc.compile(model, targets=[])

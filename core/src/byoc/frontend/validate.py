@@ -738,8 +738,11 @@ def _raise_unsupported(bad: list[tuple[str, str, str]], labels: list[str]) -> No
             kinds.append(text)
     listing = "; ".join(f"{label} [{d}::{op}]" for label, (_, d, op) in zip(labels[:50], bad[:50]))
     more = f"; and {len(bad) - 50} more" if len(bad) > 50 else ""
+    contrib = sorted({op for _, d, op in bad if d == "com.microsoft"})
+    hint = (f" {', '.join(contrib)} are onnxruntime's own operators, written by its graph optimiser: export the "
+            f"model without onnxruntime's optimisation (plain ONNX operators)." if contrib else "")
     raise UnsupportedOperatorError(
-        f"{len(bad)} node(s) use operators byoc cannot run: {', '.join(kinds[:30])}. Nodes: {listing}{more}. "
+        f"{len(bad)} node(s) use operators byoc cannot run: {', '.join(kinds[:30])}. Nodes: {listing}{more}.{hint} "
         f"byoc.kernels.supported_ops() lists the operators byoc runs; a vendor plugin may add others",
         nodes=bad,
     )
