@@ -72,11 +72,11 @@ def bench_model(name: str, rounds: int, load: bool) -> dict:
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     expected = sess.run(None, feeds)[0]
 
-    host = byoc.compile(model, targets=[])
+    host = byoc.compile(model, wait=True, targets=[])
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cpu = byoc.compile(model, targets=["cpu"])
+        cpu = byoc.compile(model, wait=True, targets=["cpu"])
     row["cpu_compile_s"] = time.perf_counter() - t0
     row["cpu_regions"] = len(cpu.regions)
     row["cpu_nodes"] = sum(r.device == "cpu" for r in cpu.records.values())

@@ -57,7 +57,7 @@ def _engines(name: str, target_sets: list[list[str]], threads: int,
     for targets in target_sets:
         key = "+".join(targets) or "host"
         t0 = time.perf_counter()
-        compiled = byoc.compile(model, targets=targets)
+        compiled = byoc.compile(model, wait=True, targets=targets)
         info[f"{key}_build_s"] = time.perf_counter() - t0
         info[f"{key}_regions"] = len(compiled.regions)
         out_name = compiled.output_names[0]

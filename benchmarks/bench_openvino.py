@@ -12,9 +12,9 @@ Columns (median wall ms; ratio = time / onnxruntime's):
 * ``ort``       onnxruntime, CPU execution provider
 * ``ov``        OpenVINO called directly: read_model, compile_model("CPU", the same properties the
                 plugin sets: f32, LATENCY, one stream, N threads, no pinning), one infer request
-* ``byoc-ov``   ``byoc.compile(model, targets=["openvino"])``
-* ``byoc-cpu``  ``byoc.compile(model, targets=["cpu"])``
-* ``measure``   ``byoc.compile(model, targets=["openvino", "cpu"], placement="measure")`` (the host
+* ``byoc-ov``   ``byoc.compile(model, wait=True, targets=["openvino"])``
+* ``byoc-cpu``  ``byoc.compile(model, wait=True, targets=["cpu"])``
+* ``measure``   ``byoc.compile(model, wait=True, targets=["openvino", "cpu"], placement="measure")`` (the host
                 takes what neither does)
 * ``overhead``  byoc-ov / ov: what byoc adds on top of OpenVINO (meaningful where OpenVINO takes
                 the model whole: ``whole`` says so)
@@ -75,7 +75,7 @@ def _engines(model, feeds: dict, threads: int, skip: set[str]) -> tuple[list[tup
         if label in skip:
             continue
         t0 = time.perf_counter()
-        compiled = byoc.compile(model, **kwargs)
+        compiled = byoc.compile(model, wait=True, **kwargs)
         info[f"{label}_build_s"] = time.perf_counter() - t0
         by_device = compiled.report_data()["totals"]["by_device"]
         info[f"{label}_placement"] = {d: t["nodes"] for d, t in by_device.items() if t["nodes"]}

@@ -15,7 +15,7 @@ from byoc.testing.zoo import load_zoo
 out = Path(sys.argv[1])
 model = load_zoo("resnet50")
 weights = sum(onnx.numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
-cm = byoc.compile(model, targets=["cpu"])
+cm = byoc.compile(model, wait=True, targets=["cpu"])
 path = cm.save(out / "resnet50.byoc")
 with zipfile.ZipFile(path) as zf:
     sizes = {i.filename: (i.file_size, i.compress_size) for i in zf.infolist()}

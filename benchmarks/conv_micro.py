@@ -93,7 +93,7 @@ def time_model(name: str, ort_threads: int | None, reps: int) -> None:
 
     model = load_zoo(name)
     feeds = zoo_inputs(model)
-    compiled = byoc.compile(model, targets=[])
+    compiled = byoc.compile(model, wait=True, targets=[])
     sess = ort_peer_session(model, ort_threads)
     ours, ref = list(compiled.run(feeds).values()), sess.run(None, feeds)
     for a, b in zip(ours, ref):
@@ -148,7 +148,7 @@ def main() -> None:
         if (args.layers == "3x3" and k == 1) or (args.layers == "1x1" and k != 1):
             continue
         model, feeds = conv_model(xshape, wshape, stride, pad)
-        compiled = byoc.compile(model, targets=[])
+        compiled = byoc.compile(model, wait=True, targets=[])
         sess = ort_peer_session(model, ort_threads)
         ours = compiled.run(feeds)["y"]
         ref = sess.run(None, feeds)[0]

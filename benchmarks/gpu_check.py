@@ -97,7 +97,7 @@ def resnet(cache: str, runs: int) -> bool:
     feeds = zoo_inputs(model)
     options = {"runtime": "tensorrt", "precompile": True, "cache_dir": cache}
     t0 = time.perf_counter()
-    cm = byoc.compile(model, targets=["jetson"], target_options={"jetson": options})
+    cm = byoc.compile(model, wait=True, targets=["jetson"], target_options={"jetson": options})
     built = time.perf_counter() - t0
     paths = {r.artifact.metadata.get("runtime_path") for r in cm.regions}
     ok = step("compile ResNet-50 for jetson on TensorRT", bool(cm.regions) and paths == {"tensorrt"} and not cm.faults,
@@ -143,7 +143,7 @@ def refuse(*a, **k):
     raise rt.TensorRTError("gpu_check: the builder must not run in the fresh process (cache miss)")
 rt.TensorRTBackend.build = refuse
 t0 = time.perf_counter()
-cm = byoc.compile(load_zoo("resnet50"), targets=["jetson"],
+cm = byoc.compile(load_zoo("resnet50"), wait=True, targets=["jetson"],
                   target_options={"jetson": {"runtime": "tensorrt", "precompile": True, "cache_dir": sys.argv[1]}})
 print(json.dumps({"faults": [str(f) for f in cm.faults], "regions": len(cm.regions),
                   "paths": sorted({r.artifact.metadata.get("runtime_path") for r in cm.regions}),

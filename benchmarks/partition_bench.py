@@ -163,8 +163,8 @@ def region_overhead(n_regions: int = 200, repeat: int = 30) -> tuple[float, floa
     """Microseconds per region call: (offloaded run - host run) / number of regions."""
     model = chain(n_regions, True)
     reg = build_registry([("bench", BenchPlugin(("Relu",)))], entry_points=False)
-    offloaded = byoc.compile(model, registry=reg, passes=[])
-    host = byoc.compile(model, targets=[], passes=[])
+    offloaded = byoc.compile(model, wait=True, registry=reg, passes=[])
+    host = byoc.compile(model, wait=True, targets=[], passes=[])
     assert len(offloaded.regions) == n_regions, len(offloaded.regions)
     feeds = {"x": np.ones((1, 4), np.float32)}
     for cm in (offloaded, host):  # warm up (JIT)

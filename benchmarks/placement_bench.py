@@ -41,7 +41,7 @@ def _compile(model, **kwargs):
     t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cm = byoc.compile(model, **kwargs)
+        cm = byoc.compile(model, wait=True, **kwargs)
     return cm, time.perf_counter() - t0, time.process_time() - c0
 
 

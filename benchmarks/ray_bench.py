@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_zoo(args.model, seed=0)
     tmp = tempfile.TemporaryDirectory()
     bundle = Path(tmp.name) / f"{args.model}.byoc"
-    compiled = byoc.compile(model, targets=args.targets)
+    compiled = byoc.compile(model, wait=True, targets=args.targets)
     compiled.save(bundle)
     spec = compiled.inputs[0]
     rng = np.random.default_rng(1)

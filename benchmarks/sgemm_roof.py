@@ -96,7 +96,7 @@ def convs(runs: int, threads: int, target_sets: list[list[str]], top: float) -> 
         sess = ort_peer_session(model, threads)
         engines = [("ort", lambda s=sess, x=x: s.run(None, {"x": x}))]
         for targets in target_sets:
-            cm = byoc.compile(model, targets=targets)
+            cm = byoc.compile(model, wait=True, targets=targets)
             engines.append(("+".join(targets) or "host", lambda c=cm, x=x: c.run({"x": x})))
         times: dict[str, list[float]] = {e: [] for e, _ in engines}
         for _, fn in engines:

@@ -70,7 +70,7 @@ def evaluate(name: str, n_cal: int, n_eval: int, quantization: dict | None, regi
         opts = dict(options or {})
         if quantization:
             opts["quantization"] = quantization
-        cm = byoc.compile(model, targets=["vitis"], calibration=calibration, registry=registry,
+        cm = byoc.compile(model, wait=True, targets=["vitis"], calibration=calibration, registry=registry,
                           target_options={"vitis": opts} if opts else None)
     t_compile = time.perf_counter() - t0
     opts = ort.SessionOptions()

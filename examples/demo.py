@@ -83,6 +83,7 @@ def run_one(name: str, model, feeds, expected, names, targets, calibration, runs
         t0 = time.perf_counter()
         out = compiled.run(feeds)
         res.first_run_s = time.perf_counter() - t0
+        compiled.wait()  # a first tier may have answered: the warm runs are at full speed
         times = []
         with phase(f"{name}: {runs} warm runs", total=runs) as task:
             for _ in range(runs):

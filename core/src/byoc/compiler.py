@@ -46,6 +46,8 @@ from byoc.progress import Stages
 from byoc.progress import stages as progress_stages
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.plan import build_plan
+from byoc.runtime.subgraph import HostCallable
+from byoc.runtime.tiers import Tiers
 from byoc.runtime.specialize import has_symbolic_inputs, has_symbolic_ir_inputs, specialise
 
 
@@ -102,6 +104,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     measure_budget_s: float | None = None,
     host: str | None = None,
     example_inputs: Any = None,
+    wait: bool = False,
 ) -> CompiledModel:
     """Compile an ONNX model (or a ``torch.nn.Module``, exported to ONNX first).
 
@@ -142,6 +145,11 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         or an executor's name (see :mod:`byoc.contract.host`).
     :param example_inputs: for a ``torch.nn.Module``: a tensor, a tuple of tensors or a dict
         name -> tensor; the module is exported with them (``mark_dynamic`` dims stay symbolic).
+    :param wait: ``False`` (default): where a JIT engine compiles its code on the first run
+        (``Target.jit``, ``HostExecutor.jit``: byoc-cpu), runs are answered by byoc's reference
+        kernels until that compile, started by the first run in the background, is done
+        (:mod:`byoc.runtime.tiers`; ``CompiledModel.wait()`` waits for it). ``True``: the first
+        run compiles and every run is at full speed (benchmarks).
     :returns: a :class:`CompiledModel`.
     """
     if _pytorch.is_module(model):
@@ -149,6 +157,8 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     elif example_inputs is not None:
         raise OptionError("example_inputs is for a torch.nn.Module; an ONNX model takes input_shapes")
     _check_placement_args(placement, measure_budget_s, host)
+    if not isinstance(wait, bool):
+        raise OptionError(f"wait must be True or False, got {wait!r}")
     check_compile_args(targets=targets, passes=passes, budget=budget, target_options=target_options,
                        strict=strict, hook_timeout=hook_timeout, calibration=calibration)
     budget = budget or DEFAULT_BUDGET
@@ -174,7 +184,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
                     calibration = list(calibration)  # each shape specialisation calibrates again
                 passes = None if passes is None else list(passes)  # read once per specialisation
                 settings = _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s,
-                                     executor)
+                                     executor, wait)
                 recipe = {"passes": passes, "strict": strict, "placement": placement, "hook_timeout": hook_timeout,
                           "calibrated": calibration is not None and any(t.needs_calibration for t in selected),
                           "target_options": {t.name: dict(options[t.name]) for t in selected}}
@@ -182,7 +192,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
                 return specialise(proto, selected, shape_compiler(options, settings), recipe)
         cm = compile_model(ir_model, selected, options,
                            _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s,
-                                     executor), stages)
+                                     executor, wait), stages)
         if skipped:
             cm.options["skipped_targets"] = skipped
         return cm
@@ -229,6 +239,8 @@ class _Settings:
     measure_budget_s: float | None = None
     #: what runs the host's nodes (``None``: the reference kernels)
     host: HostExecutor | None = None
+    #: ``False``: a first tier answers while JIT code compiles (see :func:`compile`)
+    wait: bool = True
 
 
 def _load(model: ModelLike, budget: Budget, *, require_kernels: bool) -> ir.Model:
@@ -287,7 +299,25 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
         cm.options["calibration"] = quantizer.summary()
     if estimates:
         cm.options["placement_estimates"] = estimates
+    if not settings.wait:
+        cm.tiers = _first_tier(cm, selected, settings)
     return cm
+
+
+def _first_tier(cm: CompiledModel, selected: Sequence[Target], settings: _Settings) -> Tiers | None:
+    """The first tier of :mod:`byoc.runtime.tiers` where a JIT engine serves the model (and no
+    region is quantised, whose results the float reference would not reproduce)."""
+    jit_targets = {t.name for t in selected if getattr(t, "jit", False)}
+    quantised = {t.name for t in selected if t.needs_calibration}
+    regions = cm.regions
+    if any(cr.region.target in quantised or cr.region.model is None for cr in regions):
+        return None
+    if not (getattr(settings.host, "jit", False) or any(cr.region.target in jit_targets for cr in regions)):
+        return None
+    on_host = {cr.region.name: HostCallable(cr.region.model, settings.budget, reference=True) for cr in regions}
+    first = build_plan(cm.model.graph, budget=settings.budget,
+                       step_factory=lambda node, spec: on_host.get(node.name) if node.domain == REGION_DOMAIN else None)
+    return Tiers(first, cm._first_run)
 
 
 def _pre_partition(registry: Registry | None, ir_model: ir.Model, selected: Sequence[Target],

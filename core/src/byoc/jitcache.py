@@ -304,7 +304,7 @@ def run_family(name: str, targets: Sequence[str] = ()) -> FamilyResult:
     t0 = time.perf_counter()
     with _CompileCounter() as counter:
         try:
-            byoc_compile(model, targets=list(targets)).run(feeds)
+            byoc_compile(model, targets=list(targets), wait=True).run(feeds)
         except ByocError as exc:
             return FamilyResult(name, time.perf_counter() - t0, counter.count, f"{type(exc).__name__}: {exc}")
     return FamilyResult(name, time.perf_counter() - t0, counter.count)

@@ -33,12 +33,12 @@ def make_model(nodes: list, inputs: Mapping[str, tuple], outputs: Iterable[str],
 
 def compile_cpu(model, strict: bool = True, **options: Any):
     """Compile for the cpu target alone; plugin faults raise (``strict``) instead of falling back."""
-    return byoc.compile(model, targets=["cpu"], registry=REGISTRY, strict=strict,
+    return byoc.compile(model, wait=True, targets=["cpu"], registry=REGISTRY, strict=strict,
                         target_options={"cpu": options} if options else None)
 
 
 def compile_host(model):
-    return byoc.compile(model, targets=[])
+    return byoc.compile(model, wait=True, targets=[])
 
 
 def run_both(model, feeds: dict[str, np.ndarray], **options: Any):

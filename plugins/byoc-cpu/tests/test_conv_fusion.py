@@ -118,10 +118,10 @@ def _bottleneck(rng, extra_outputs=(), add_op="Add", residual_shape=None):
 
 def _compile(model, fuse: bool, monkeypatch=None):
     if fuse:
-        return byoc.compile(model, targets=[])
+        return byoc.compile(model, wait=True, targets=[])
     with monkeypatch.context() as mp:  # byoc-cpu's host executor offers no fusion
         mp.setattr("byoc_cpu.host.fusion.fusions", lambda nodes, is_host: [])
-        return byoc.compile(model, targets=[])
+        return byoc.compile(model, wait=True, targets=[])
 
 
 def _ops(compiled) -> list[str]:
@@ -174,7 +174,7 @@ def test_two_convs_into_one_add_fuse_once():
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     feeds = {"X": rng.standard_normal((2, c, 6, 6)).astype(np.float32)}
-    compiled = byoc.compile(model, targets=[])
+    compiled = byoc.compile(model, wait=True, targets=[])
     assert _ops(compiled) == ["Conv", "Conv"]
     assert_close([compiled.run(feeds)["Y"]], run_onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
 
@@ -239,7 +239,7 @@ def test_fused_chains_property(case):
     graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(last, TensorProto.FLOAT, None)],
                               inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    compiled = byoc.compile(model, targets=[])
+    compiled = byoc.compile(model, wait=True, targets=[])
     assert _ops(compiled) == ["Conv"]
     assert_close([compiled.run(feeds)[last]], run_onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
 
@@ -290,7 +290,7 @@ def test_a_residual_seen_elsewhere_is_not_written_over(case):
         model, feeds = _residual_read_by("Sigmoid" if case == "read_by_sigmoid" else "Identity", rng)
         names = ["Y", "T"]
     copies = {k: v.copy() for k, v in feeds.items()}
-    compiled = byoc.compile(model, targets=[])
+    compiled = byoc.compile(model, wait=True, targets=[])
     assert not any(_over(compiled))
     want = run_onnxruntime(model, feeds)
     for _ in range(2):
@@ -326,7 +326,7 @@ def test_a_residual_that_is_the_convs_own_input_is_not_written_over():
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     feeds = {"X": rng.standard_normal((1, c, 9, 9)).astype(np.float32)}
-    compiled = byoc.compile(model, targets=[])
+    compiled = byoc.compile(model, wait=True, targets=[])
     assert not any(_over(compiled))
     for _ in range(2):
         assert_close([compiled.run(feeds)["Y"]], run_onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
@@ -339,7 +339,7 @@ def test_blocked_jobs_and_overwritten_residuals_on_several_threads_at_once():
 
     rng = np.random.default_rng(14)
     model, feeds = _bottleneck(rng)
-    compiled = byoc.compile(model, targets=[])
+    compiled = byoc.compile(model, wait=True, targets=[])
     assert any(_over(compiled))
     inputs = [rng.standard_normal(feeds["X"].shape).astype(np.float32) for _ in range(6)]
     expected = [compiled.run({"X": v})["Y"] for v in inputs]
@@ -358,7 +358,7 @@ def test_input_shapes_that_change_between_runs_keep_their_own_jobs():
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", c, "h", "w"])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    compiled = byoc.compile(model, targets=[])
+    compiled = byoc.compile(model, wait=True, targets=[])
     shapes = [(1, c, 9, 12), (2, c, 14, 14), (1, c, 9, 12), (3, c, 7, 5), (2, c, 14, 14)]
     for shape in shapes:
         feeds = {"X": rng.standard_normal(shape).astype(np.float32)}

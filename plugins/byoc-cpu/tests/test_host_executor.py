@@ -33,8 +33,8 @@ def test_host_executor_matches_the_reference(op):
     @given(strategy)
     def check(case):
         model = case.model()
-        tuned = byoc.compile(model, targets=[], registry=REGISTRY)
-        plain = byoc.compile(model, targets=[], registry=REGISTRY, host="reference")
+        tuned = byoc.compile(model, wait=True, targets=[], registry=REGISTRY)
+        plain = byoc.compile(model, wait=True, targets=[], registry=REGISTRY, host="reference")
         assert tuned._plan.executor is not None and plain._plan.executor is None
         got, want = tuned.run(case.feeds), plain.run(case.feeds)
         for name in want:

@@ -28,7 +28,7 @@ graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TensorProto.FLOA
                      [h.make_tensor_value_info("y", TensorProto.FLOAT, [4, 300])])
 model = h.make_model(graph, opset_imports=[h.make_opsetid("", 21)])
 x = np.random.default_rng(0).standard_normal((4, 300)).astype(np.float32) * 4
-got = byoc.compile(model, targets=[]).run({"x": x})["y"]
+got = byoc.compile(model, wait=True, targets=[]).run({"x": x})["y"]
 want = ReferenceEvaluator(model).run(None, {"x": x})[0]
 print(json.dumps({"max_err": float(np.max(np.abs(got - want))), "helpers": jithelpers.helper_count(),
                   "helper_compiled": jithelpers.helper_compiled()}))

@@ -156,6 +156,6 @@ def test_many_inputs_to_one_node_compile_in_linear_time():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     t0 = time.monotonic()
-    cm = byoc.compile(model, registry=REGISTRY)
+    cm = byoc.compile(model, wait=True, registry=REGISTRY)
     assert time.monotonic() - t0 < 60  # linear: a few seconds; quadratic: minutes
     np.testing.assert_allclose(cm.run({"x": np.array([1.0, -2.0], np.float32)})["y"], [n, -2.0 * n])

@@ -57,7 +57,7 @@ def test_explain_show_code_prints_the_generated_source(tiny_model):
 
 def test_default_compile_uses_cpu_when_installed(tiny_model):
     """With the entry point installed and no targets given, byoc.compile offloads to cpu."""
-    code = ("import byoc; cm = byoc.compile(__import__('sys').argv[1]); "
+    code = ("import byoc; cm = byoc.compile(__import__('sys').argv[1], wait=True); "
             "print(sorted({r.region.target for r in cm.regions}))")
     out = subprocess.run([sys.executable, "-c", code, str(tiny_model)], capture_output=True, text=True,
                          env=dict(os.environ, BYOC_PLUGINS="cpu"))
@@ -77,18 +77,18 @@ def test_hooks_are_scoped_to_the_cpu_target():
 
 def test_conv_strategy_is_validated():
     with pytest.raises(byoc.OptionError, match="option 'conv_strategy' = 'bogus'.*one of 'auto', 'im2col'"):
-        byoc.compile(make_model([helper.make_node("Relu", ["a"], ["y"])], {"a": (2, 2)}, ["y"]),
+        byoc.compile(make_model([helper.make_node("Relu", ["a"], ["y"])], {"a": (2, 2)}, ["y"]), wait=True,
                      targets=["cpu"], target_options={"cpu": {"conv_strategy": "bogus"}})
 
 
 def test_cost_hook_counts_gemm_work():
     cm = byoc.compile(make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": (64, 64)}, ["y"],
-                                 {"b": np.ones((64, 64), np.float32)}), targets=["cpu"], registry=REGISTRY)
+                                 {"b": np.ones((64, 64), np.float32)}), wait=True, targets=["cpu"], registry=REGISTRY)
     seconds = plugin.byoc_cost(cm.regions[0].region)
     assert 0 < seconds < 1e-3
 
 
 def test_unknown_option_is_refused():
     with pytest.raises(byoc.OptionError):
-        byoc.compile(make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": (2,)}, ["y"]), targets=["cpu"],
+        byoc.compile(make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": (2,)}, ["y"]), wait=True, targets=["cpu"],
                      registry=REGISTRY, target_options={"cpu": {"nope": 1}})

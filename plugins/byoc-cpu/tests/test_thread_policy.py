@@ -35,7 +35,7 @@ model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 x = rng.standard_normal((2, 80, 20, 20)).astype(np.float32)
 out = {}
 for targets in ([], ["cpu"]):
-    cm = byoc.compile(model, targets=targets)
+    cm = byoc.compile(model, wait=True, targets=targets)
     out["+".join(targets) or "host"] = cm.run({"x": x})["y"].tolist()
 print(json.dumps({"policy": threads.blas_info()["policy"], "blas": threads.blas_gemms(), "out": out}))
 """

@@ -64,8 +64,8 @@ def _widest_loop(cm) -> int:
 def _check(op: str, n: int):
     m = _model(op, n)
     feeds = _feeds(n)
-    cm = byoc.compile(m, targets=["cpu"])
-    want = byoc.compile(m, targets=[]).run(feeds)["y"]
+    cm = byoc.compile(m, wait=True, targets=["cpu"])
+    want = byoc.compile(m, wait=True, targets=[]).run(feeds)["y"]
     got = cm.run(feeds)["y"]
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
     assert _widest_loop(cm) <= MAX_FUSED_OPERANDS + MAX_FUSED_MEMBERS

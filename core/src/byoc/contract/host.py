@@ -120,6 +120,8 @@ class HostExecutor:
         a kernel wrapper). ``is_host(node)`` says whether a node runs on the host.
     :param first_run: ``first_run(run) -> run()``: how a host-only plan's first run goes (its
         kernels compiled in helper processes meanwhile, say); ``None``: just ``run()``.
+    :param jit: the kernels compile on their first call: byoc answers runs from its reference
+        kernels until a first run in the background is done (see :mod:`byoc.runtime.tiers`).
     """
 
     name: str
@@ -129,6 +131,7 @@ class HostExecutor:
     begin_run: Callable[[], None] | None = None
     fusions: Callable[[list["ir.Node"], Callable[["ir.Node"], bool]], list[Fusion]] | None = None
     first_run: Callable[[Callable[[], Any]], Any] | None = None
+    jit: bool = False
     #: the plugin that registered it (set by byoc)
     plugin: str = ""
 

@@ -69,6 +69,10 @@ class Target:
         ``placement="cost"``.
     :param flops: sustained FLOP/s of the device for byoc's own cost model (used when the
         plugin gives no ``byoc_cost``); ``None``: the host's measured throughput.
+    :param jit: the target's runtime compiles its code on the first call (seconds on a fresh
+        install): byoc answers runs from its reference kernels until that first call, made in the
+        background, is done (``byoc.compile(..., wait=False)``, the default; see
+        :mod:`byoc.runtime.tiers`).
     :param quantization: the scheme the target asks for (:class:`byoc.quantize.QuantScheme`
         keys, e.g. ``{"activations": "pow2", "weights": "per_channel"}``); a user may override
         keys with ``target_options={name: {"quantization": {...}}}``.
@@ -92,6 +96,7 @@ class Target:
     bandwidth: float | None = None
     launch_overhead: float = 0.0
     flops: float | None = None
+    jit: bool = False
     #: filled in by the plugin manager
     plugin: str = ""
     distribution: str = ""

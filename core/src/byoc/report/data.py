@@ -256,6 +256,7 @@ def report_data(compiled: "CompiledModel") -> dict[str, Any]:
         "faults": [_fault_entry(f) for f in compiled.faults],
         "fallbacks": fallbacks,
         **({"placement": placement} if (placement := placement_section(compiled)) is not None else {}),
+        **({"first_tier": tiers.describe()} if (tiers := getattr(compiled, "tiers", None)) is not None else {}),
     }
 
 

@@ -148,6 +148,13 @@ def render_text(data: dict[str, Any]) -> str:
             members = [n["name"] for n in nodes if n["fallback"] == text]
             lines.append(f"  [F{k}] {text}")
             lines.append(f"        nodes ({len(members)}): {', '.join(members)}")
+    tier = data.get("first_tier")
+    if tier is not None:
+        state = {"first": "not run yet", "compiling": "compiling in the background",
+                 "full": f"serving since {tier['ready_after_s']:.1f} s after the first run" if tier["ready_after_s"]
+                 is not None else "serving", "failed": f"failed ({tier['error']})"}[tier["state"]]
+        lines += ["", "First tier: runs are answered by byoc's reference kernels (regions on the host) until the "
+                      f"compiled code serves; compiled code: {state}"]
     lines += ["", f"Plugin faults ({len(data['faults'])}):" if data["faults"] else "Plugin faults: none"]
     for f in data["faults"]:
         lines.append(f"  [{f['kind']}] {f['text']}")

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from byoc.partition.records import NodeRecord
     from byoc.contract import Target
     from byoc.plugins import PluginFault
+    from byoc.runtime.tiers import Tiers
 
 
 class CompiledModel:
@@ -61,6 +62,8 @@ class CompiledModel:
         self.host_fallback: dict[str, str] = {}
         #: set after the first run (which JIT-compiles or cache-loads the kernels)
         self._warm = False
+        #: the first tier that answers while the JIT code compiles (byoc.runtime.tiers), or ``None``
+        self.tiers: "Tiers | None" = None
 
     @property
     def inputs(self) -> list[InputSpec]:
@@ -101,17 +104,29 @@ class CompiledModel:
         checked = check_feeds(self._plan.input_specs(), feeds, self.budget)
         if self._warm:
             return self._plan.execute(checked)
+        tiers = self.tiers
+        if tiers is not None and not tiers.full:
+            return tiers.run(checked)
         self._warm = True
+        return self._first_run(checked) if tiers is None else self._plan.execute(checked)
+
+    def _first_run(self, checked: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The full plan's first run (JIT engines compile or cache-load their code)."""
         # a host-only plan's first run may be the executor's (compiling kernels in helper processes, say)
         first_run = getattr(self._plan.executor, "first_run", None)
         execute = (self._plan.execute if self.targets or first_run is None
                    else lambda c: first_run(lambda: self._plan.execute(c)))
-        if not progress_active():
+        if not progress_active() or self.tiers is not None:  # a first tier answers: compile quietly
             return execute(checked)
         # shown only while a front end listens (byoc.progress): one unit per step
         with progress_phase("first run (Numba compiles or loads the kernels)", total=len(self._plan.steps)) as task, \
                 progress_ticking(self._plan, task):
             return execute(checked)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the compiled code serves (a first tier answers runs until then, see
+        :mod:`byoc.runtime.tiers`); whether it does now. ``True`` at once without a first tier."""
+        return True if self.tiers is None else self.tiers.wait(timeout)
 
     def run_batch(self, feeds: Iterable[Mapping[str, np.ndarray]], *, batch_size: int = 1,
                   timeout: float | None = None, cancel: "CancelHandle | None" = None) -> Iterator[dict[str, np.ndarray]]:

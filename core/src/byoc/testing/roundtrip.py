@@ -25,7 +25,7 @@ def assert_roundtrip(model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarra
 
     :returns: the compiled model's outputs.
     """
-    compiled = byoc.compile(model, targets=list(targets), **compile_kwargs)
+    compiled = byoc.compile(model, targets=list(targets), **{"wait": True, **compile_kwargs})
     want = compiled.run(dict(feeds))
     with tempfile.TemporaryDirectory(prefix="byoc-roundtrip-") as folder:
         path = Path(folder) / "m.byoc"

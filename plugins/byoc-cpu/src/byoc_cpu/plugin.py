@@ -68,6 +68,8 @@ def byoc_register_targets(register):
         # for placement="cost": a region call costs a Python dispatch and argument packing, and a
         # region boundary ends a fused epilogue (a rough estimate, not a measurement)
         launch_overhead=_LAUNCH,
+        # generated kernels compile on a region's first call
+        jit=True,
     ))
 
 

@@ -181,7 +181,7 @@ class Runner:
             kwargs["calibration"] = self.calibration(feeds)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return byoc.compile(model, **kwargs)
+            return byoc.compile(model, wait=True, **kwargs)
 
     def compile_placing(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]):
         """Compile with the target's rules; if a rule dropped every region, again without them.

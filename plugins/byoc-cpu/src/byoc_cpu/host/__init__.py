@@ -61,4 +61,5 @@ def executor() -> HostExecutor:
         begin_run=_begin_run,
         fusions=_fusions,
         first_run=_first_run,
+        jit=True,
     )

@@ -1,0 +1,95 @@
+"""Tiered first runs (byoc.runtime.tiers) with byoc-cpu, a JIT engine: the reference kernels answer
+while byoc-cpu's code compiles in the background, then byoc-cpu's code serves."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import numpy as np
+import pytest
+from cpu_helpers import REGISTRY
+from test_bundle import small_net
+
+import byoc
+from byoc.report import render
+
+
+@pytest.fixture(params=[None, []], ids=["cpu-target", "host-executor"])
+def targets(request):
+    return request.param
+
+
+def test_the_first_tier_answers_and_the_compiled_code_takes_over(targets):
+    model, feeds = small_net(seed=11)
+    cm = byoc.compile(model, targets=targets, registry=REGISTRY)
+    assert cm.tiers is not None and cm.tiers.state == "first"
+    first = cm.run(feeds)
+    assert cm.tiers.state in ("compiling", "full")
+    assert "First tier" in cm.report()
+    assert cm.wait(timeout=600) and cm.tiers.state == "full" and cm.tiers.ready_after_s > 0
+    later = cm.run(feeds)
+    for name in first:
+        np.testing.assert_allclose(first[name], later[name], rtol=1e-4, atol=1e-4)
+    assert cm.report_data()["first_tier"]["state"] == "full"
+    assert "serving since" in render(cm.report_data(), "text")
+
+
+def test_runs_racing_the_swap_are_all_correct(targets):
+    model, feeds = small_net(seed=12)
+    want = byoc.compile(model, targets=[], host="reference").run(feeds)
+    cm = byoc.compile(model, targets=targets, registry=REGISTRY)
+    results, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(15):
+                results.append(cm.run(feeds))
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert cm.wait(timeout=600)
+    results.append(cm.run(feeds))
+    for out in results:
+        for name in want:
+            np.testing.assert_allclose(out[name], want[name], rtol=1e-4, atol=1e-4)
+
+
+def test_a_failed_background_compile_leaves_the_first_tier_serving_and_says_so_once():
+    model, feeds = small_net(seed=13)
+    cm = byoc.compile(model, registry=REGISTRY)
+
+    def broken(_feeds):
+        raise RuntimeError("the code generator's module did not compile")
+
+    cm.tiers._full_first_run = broken
+    want = byoc.compile(model, targets=[], host="reference").run(feeds)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cm.run(feeds)
+        assert not cm.wait(timeout=600)
+        outs = [cm.run(feeds) for _ in range(3)]
+    said = [w for w in caught if "failed on its first run" in str(w.message)]
+    assert len(said) == 1 and "did not compile" in str(said[0].message)
+    assert cm.tiers.state == "failed" and "did not compile" in cm.report()
+    for out in outs:
+        for name in want:
+            np.testing.assert_allclose(out[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_wait_true_has_no_first_tier():
+    model, feeds = small_net(seed=14)
+    cm = byoc.compile(model, registry=REGISTRY, wait=True)
+    assert cm.tiers is None and cm.wait() and "first_tier" not in cm.report_data()
+    cm.run(feeds)
+
+
+def test_the_reference_alone_has_no_first_tier():
+    model, _ = small_net(seed=15)
+    assert byoc.compile(model, targets=[], host="reference").tiers is None
