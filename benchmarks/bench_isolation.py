@@ -2,9 +2,10 @@
 same target, in this process and in the isolation worker, interleaved call by call so that a
 slow moment hits both; medians (and minima) per tensor size.
 
-The target is byoc-testplugin's ``testchip`` (install tests/plugins/byoc-testplugin; its runtime
-runs the region on byoc's host kernels), so the difference is isolation's own cost: a round
-trip to the worker and the copies of inputs into and outputs out of the shared segment.
+The target is byoc-faulty's working ``faultchip`` (install tests/plugins/byoc-faulty; the script
+sets ``BYOC_FAULT=ok``; its runtime runs the region on byoc's host kernels), so the difference is
+isolation's own cost: a round trip to the worker and the copies of inputs into and outputs out
+of the shared segment.
 
     python benchmarks/bench_isolation.py                 # a 64-byte tensor and a 4 MB activation
     python benchmarks/bench_isolation.py -r 500 --json out.json
@@ -34,10 +35,12 @@ def relu_model(shape):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-r", "--rounds", type=int, default=300, help="calls per variant and size")
-    ap.add_argument("--target", default="testchip")
+    ap.add_argument("--target", default="faultchip")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
-    os.environ.setdefault("BYOC_PLUGINS", args.target)
+    if args.target == "faultchip":
+        os.environ.setdefault("BYOC_PLUGINS", "faulty")
+        os.environ.setdefault("BYOC_FAULT", "ok")
     import byoc
 
     results = {}
