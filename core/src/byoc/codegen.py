@@ -157,28 +157,48 @@ def codegen_region(registry: Registry, region: Region, options: Mapping[str, Any
                    artifact: Artifact | None = None,
                    hook_timeout: float | None = HOOK_TIMEOUT) -> CompiledRegion | None:
     """Run the codegen (unless ``artifact`` is given) and runtime hooks; ``None`` on a plugin fault."""
+    if artifact is None:
+        artifact = generate_artifact(registry, region, options, faults, hook_timeout)
+        if artifact is None:
+            return None
+    made = create_runtime(registry, region, artifact, options, faults, hook_timeout)
+    if made is None:
+        return None
+    plugin_rt, fn = made
+    return CompiledRegion(region, artifact, plugin_rt, guarded_runtime(fn, plugin_rt, region.name, region.target,
+                                                                       region.outputs))
+
+
+def generate_artifact(registry: Registry, region: Region, options: Mapping[str, Any], faults: Any,
+                      hook_timeout: float | None = HOOK_TIMEOUT) -> Artifact | None:
+    """The region's checked artifact from its target's ``byoc_codegen`` hook; ``None`` on a fault."""
     target = region.target
     plugin = registry.targets[target].plugin if target in registry.targets else ""
-    if artifact is None:
-        plugin_cg, result, hook_faults = registry.call_first("byoc_codegen", timeout=hook_timeout, target=target,
-                                                              region=plugin_view(region), options=options)
-        for f in hook_faults:
-            faults.add(f.plugin, f.hook, f"{f.message} (region {region.name!r})")
-        if result is None:
-            if not hook_faults:
-                faults.add(plugin, "byoc_codegen", f"no plugin generated code for region {region.name!r}")
-            return None
-        try:
-            artifact = validate_artifact(result, region)
-        except (TypeError, ValueError) as exc:
-            faults.add(plugin_cg, "byoc_codegen", f"{exc} (region {region.name!r})")
-            return None
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # an Artifact (subclass) whose attributes raise
-            faults.add(plugin_cg, "byoc_codegen", f"returned an artifact that raised {type(exc).__name__} when read: "
-                       f"{exc} (region {region.name!r})")
-            return None
+    plugin_cg, result, hook_faults = registry.call_first("byoc_codegen", timeout=hook_timeout, target=target,
+                                                          region=plugin_view(region), options=options)
+    for f in hook_faults:
+        faults.add(f.plugin, f.hook, f"{f.message} (region {region.name!r})")
+    if result is None:
+        if not hook_faults:
+            faults.add(plugin, "byoc_codegen", f"no plugin generated code for region {region.name!r}")
+        return None
+    try:
+        return validate_artifact(result, region)
+    except (TypeError, ValueError) as exc:
+        faults.add(plugin_cg, "byoc_codegen", f"{exc} (region {region.name!r})")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # an Artifact (subclass) whose attributes raise
+        faults.add(plugin_cg, "byoc_codegen", f"returned an artifact that raised {type(exc).__name__} when read: "
+                   f"{exc} (region {region.name!r})")
+    return None
+
+
+def create_runtime(registry: Registry, region: Region, artifact: Artifact, options: Mapping[str, Any], faults: Any,
+                   hook_timeout: float | None = HOOK_TIMEOUT) -> tuple[str, Callable] | None:
+    """``(plugin, callable)`` from the target's ``byoc_runtime`` hook (unguarded); ``None`` on a fault."""
+    target = region.target
+    plugin = registry.targets[target].plugin if target in registry.targets else ""
     plugin_rt, fn, hook_faults = registry.call_first("byoc_runtime", timeout=hook_timeout, target=target,
                                                       artifact=artifact_view(artifact), options=options)
     for f in hook_faults:
@@ -190,8 +210,7 @@ def codegen_region(registry: Registry, region: Region, options: Mapping[str, Any
         elif not hook_faults:
             faults.add(plugin, "byoc_runtime", f"no plugin provided a runtime for region {region.name!r}")
         return None
-    fn = guarded_runtime(fn, plugin_rt, region.name, target, region.outputs)
-    return CompiledRegion(region, artifact, plugin_rt, fn)
+    return plugin_rt, fn
 
 
 def detach_inputs(node: ir.Node) -> None:
@@ -274,6 +293,8 @@ __all__ = [
     "CompiledRegion",
     "check_host_kernels",
     "codegen_region",
+    "create_runtime",
+    "generate_artifact",
     "artifact_view",
     "check_outputs",
     "guarded_runtime",

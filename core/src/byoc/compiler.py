@@ -24,7 +24,6 @@ from byoc.codegen import (
     REGION_DOMAIN,
     CompiledRegion,
     check_host_kernels,
-    codegen_region,
     region_step_factory,
     substitute_regions,
 )
@@ -45,6 +44,7 @@ from byoc.quantize import pipeline as _quant
 from byoc.progress import Stages
 from byoc.progress import stages as progress_stages
 from byoc.runtime.compiled import CompiledModel
+from byoc.runtime.isolation import compile_region
 from byoc.runtime.plan import build_plan
 from byoc.runtime.subgraph import HostCallable
 from byoc.runtime.tiers import Tiers
@@ -403,7 +403,7 @@ def _codegen(regions: Sequence[Region], records: dict[str, NodeRecord], options:
                 faults.add(plugin, "byoc_post_partition", f"raised {type(exc).__name__}: {exc} "
                            f"(region {region.name!r})")
         # a pass that failed half-way may have left the body broken: that region runs on the host
-        cr = None if post_failed else codegen_region(registry, region, opts, faults,
+        cr = None if post_failed else compile_region(registry, region, opts, faults,
                                                      hook_timeout=settings.hook_timeout)
         if cr is None:
             reason = faults.items[-1].message if faults.items else "plugin fault"

@@ -33,7 +33,7 @@ from byoc.bundle.format import (
     region_members,
 )
 from byoc.bundle.reader import Reader, parse_json, parse_onnx, require
-from byoc.codegen import CompiledRegion, codegen_region, region_step_factory
+from byoc.codegen import CompiledRegion, region_step_factory
 from byoc.errors import BundleError, ByocError, OptionError
 from byoc.partition.records import NodeRecord
 from byoc.contract import REGION_DOMAIN, REGION_OP, Artifact, Region, Target
@@ -41,6 +41,7 @@ from byoc.contract.options import bundle_options
 from byoc.plugins import PluginFault, get_registry
 from byoc.runtime import jitinit
 from byoc.runtime.compiled import CompiledModel
+from byoc.runtime.isolation import compile_region
 from byoc.plugins import host_executor
 from byoc.runtime.plan import build_plan
 from byoc.runtime.specialize import ShapeKey, Specializer, has_symbolic_inputs, shape_key
@@ -183,8 +184,8 @@ class _QuietFaults:
     def __init__(self) -> None:
         self.items: list[PluginFault] = []
 
-    def add(self, plugin: str, hook: str, message: str) -> PluginFault:
-        fault = PluginFault(plugin, hook, message)
+    def add(self, plugin: str, hook: str, message: str, kind: str = "error") -> PluginFault:
+        fault = PluginFault(plugin, hook, message, kind)
         self.items.append(fault)
         return fault
 
@@ -456,7 +457,7 @@ class _Loader:
             opts = bundle_options(self.registry.targets[target], opts, self.user_options.get(target),
                                   origin=f"{self.origin}: member {self.prefix + COMPILED!r}")
             hook_faults = _QuietFaults()
-            cr = codegen_region(self.registry, region, opts, hook_faults, artifact=artifact)
+            cr = compile_region(self.registry, region, opts, hook_faults, artifact=artifact)
             if cr is not None:
                 return cr
             fault = hook_faults.items[-1] if hook_faults.items else None

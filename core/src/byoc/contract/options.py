@@ -13,6 +13,9 @@ declarations and raises :class:`byoc.OptionError` naming the target, the option,
 what is allowed (an unknown key names the known ones). Hooks receive the full, validated set
 (defaults filled in), so a plugin never re-checks them.
 
+Every target also accepts byoc's own options (:data:`GENERIC_OPTIONS`: ``isolation`` and its
+settings, see :mod:`byoc.runtime.isolation`); they are in the resolved set only when given.
+
 Options marked ``machine_local`` (cache folders, thread counts, device indices) describe the
 machine that runs the model, not the model: a bundle never supplies them, the loading user does.
 """
@@ -133,6 +136,19 @@ class Option:
         }
 
 
+#: options every target accepts (byoc's own: a target may not declare them); see byoc.runtime.isolation
+GENERIC_OPTIONS = (
+    Option("isolation", "none", choices=("none", "process"),
+           doc="'process': the target's codegen, runtime and region calls run in a worker process"),
+    Option("isolation_timeout", 600.0, type=float, minimum=0.001, nullable=True,
+           doc="seconds one isolated region call may take (None: no limit but the run's timeout)"),
+    Option("isolation_memory_mb", None, type=int, minimum=64, machine_local=True,
+           doc="the worker's data limit, MiB (RLIMIT_DATA; None: half the physical memory)"),
+    Option("isolation_fallback", "error", choices=("error", "host"),
+           doc="a faulted isolated region call: 'error' raises PluginError, 'host' returns the host's result"),
+)
+
+
 def normalize_options(target: str, options: Iterable[Option] | Mapping[str, Any] | None) -> list[Option]:
     """A target's declared options as a list of :class:`Option` (a ``{name: default}`` dict: untyped)."""
     if options is None:
@@ -143,6 +159,8 @@ def normalize_options(target: str, options: Iterable[Option] | Mapping[str, Any]
     for o in options:
         if not isinstance(o, Option):
             raise TypeError(f"target {target!r}: options must be byoc.contract.Option objects, got {type(o).__name__}")
+        if any(o.name == b.name for b in GENERIC_OPTIONS):
+            raise ValueError(f"target {target!r}: option {o.name!r} is byoc's own (every target accepts it)")
         if any(p.name == o.name for p in out):
             raise ValueError(f"target {target!r}: option {o.name!r} declared twice")
         out.append(o)
@@ -162,10 +180,11 @@ def resolve_options(target: Any, given: Mapping[str, Any] | None, *, source: str
         raise OptionError(f"target {target.name!r}: options ({source}) must be a dict, got {type(given).__name__}")
     declared = {o.name: o for o in target.options}
     out = {name: copy.deepcopy(o.default) for name, o in declared.items()}
+    declared.update({o.name: o for o in GENERIC_OPTIONS})
     for key, value in (given or {}).items():
         opt = declared.get(key)
         if opt is None:
-            known = ", ".join(sorted(declared)) or "none"
+            known = ", ".join(sorted(o.name for o in target.options)) or "none"
             raise OptionError(f"target {target.name!r} has no option {key!r} ({source}); its options: {known}")
         reason = opt.problem(value)
         if reason:
@@ -186,7 +205,7 @@ def bundle_options(target: Any, stored: Mapping[str, Any] | None, user: Mapping[
     """
     if stored is not None and not isinstance(stored, Mapping):
         raise OptionError(f"target {target.name!r}: options ({origin}) must be a dict, got {type(stored).__name__}")
-    local = {o.name for o in target.options if o.machine_local}
+    local = {o.name for o in (*target.options, *GENERIC_OPTIONS) if o.machine_local}
     portable = {k: v for k, v in (stored or {}).items() if k not in local}
     resolved = resolve_options(target, portable, source=origin)
     resolve_options(target, user, source="the loading user's target_options")  # validates them
@@ -194,7 +213,7 @@ def bundle_options(target: Any, stored: Mapping[str, Any] | None, user: Mapping[
     return resolved
 
 
-__all__ = ["Option", "bundle_options", "normalize_options", "option_defaults", "resolve_options"]
+__all__ = ["GENERIC_OPTIONS", "Option", "bundle_options", "normalize_options", "option_defaults", "resolve_options"]
 
 
 def option_defaults(options) -> dict:

@@ -52,7 +52,7 @@ import onnx_ir as ir
 from byoc.contract.folders import atomic_write, ensure_private, read_private
 from byoc.contract import environment as _env
 from byoc.budget import Budget
-from byoc.codegen import codegen_region
+from byoc.runtime.isolation import compile_region
 from byoc.contract.helpers import host_callable
 from byoc.contract.types import Region, SupportContext, Target
 from byoc.partition.partitioner import Partitioner, _Faults, outline
@@ -175,7 +175,7 @@ class _QuietFaults(_Faults):
     def __init__(self) -> None:
         super().__init__(strict=False)
 
-    def add(self, plugin: str, hook: str, message: str):  # type: ignore[override]
+    def add(self, plugin: str, hook: str, message: str, kind: str = "error"):  # type: ignore[override]
         self.items.append(f"{plugin}.{hook}: {message}")
         return None
 
@@ -241,7 +241,7 @@ def _compiled(session: Session, region: Region, device: str, options: Mapping[st
     if device == HOST:
         return host_callable(region.model, session.budget)
     faults = _QuietFaults()
-    cr = codegen_region(session.registry, region, options, faults, hook_timeout=session.hook_timeout)
+    cr = compile_region(session.registry, region, options, faults, hook_timeout=session.hook_timeout)
     if cr is None:
         raise RuntimeError("; ".join(faults.items) or "no code generated")
     return cr.fn

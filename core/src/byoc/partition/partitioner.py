@@ -48,8 +48,8 @@ class _Faults:
         self.strict = strict
         self.items: list[PluginFault] = []
 
-    def add(self, plugin: str, hook: str, message: str) -> PluginFault:
-        fault = PluginFault(plugin, hook, message)
+    def add(self, plugin: str, hook: str, message: str, kind: str = "error") -> PluginFault:
+        fault = PluginFault(plugin, hook, message, kind)
         if self.strict:
             raise PluginError(str(fault))
         self.items.append(fault)

@@ -33,7 +33,8 @@ class CompiledModel:
     :ivar model: the partitioned IR model (regions are ``byoc::Region`` nodes).
     :ivar regions: the offloaded regions with their artifacts.
     :ivar records: per node (by name) where it runs and why.
-    :ivar faults: plugin faults seen while compiling (each caused a fallback).
+    :ivar faults: plugin faults seen while compiling (each caused a fallback), and those of
+        isolated region calls (:mod:`byoc.runtime.isolation`).
     """
 
     def __init__(
@@ -54,6 +55,8 @@ class CompiledModel:
         self.regions = list(regions)
         self.records = dict(records or {})
         self.faults = list(faults)
+        for r in self.regions:  # isolated regions report their run-time faults here
+            getattr(r.fn, "report_faults_to", lambda faults: None)(self.faults)
         self.targets = list(targets)
         self.budget = budget
         #: set when static-shape targets are specialised per input shapes (byoc.runtime.specialize)

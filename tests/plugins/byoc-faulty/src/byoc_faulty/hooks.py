@@ -7,6 +7,10 @@ Unless ``BYOC_FAULT`` names one of :data:`MODES`, the module registers nothing.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import time
+
 from byoc.contract import Artifact, Pattern, Rule, Target, any_value, hookimpl, host_callable, op, region_model_bytes
 
 from byoc_faulty import __version__, active, modes
@@ -22,6 +26,10 @@ MODES = frozenset({
     "post-partition-raise", "codegen-raise", "codegen-wrong-type", "codegen-bad-metadata", "codegen-none",
     "runtime-raise", "runtime-wrong-type", "callable-raise", "callable-wrong-arity", "cost-raise",
 })
+#: faults that take a process down, per hook (``BYOC_FAULT=callable-segfault``, ...): they act only in
+#: byoc's isolation worker (``BYOC_ISOLATION_WORKER`` set); in the user's process they raise instead
+CRASHES = ("segfault", "abort", "hang", "memory")
+MODES = MODES | {f"{hook}-{crash}" for hook in ("codegen", "runtime", "callable") for crash in CRASHES}
 
 
 def _on() -> bool:
@@ -30,6 +38,32 @@ def _on() -> bool:
 
 class FaultyPluginError(RuntimeError):
     """What the broken hooks raise (tests look for this name in warnings and errors)."""
+
+
+def _crash(hook: str) -> None:
+    """Take the process down as ``BYOC_FAULT`` says for ``hook``; once only if ``BYOC_FAULT_ONCE``
+    names a file (created on the first crash)."""
+    crash = next((c for c in CRASHES if active(f"{hook}-{c}")), None)
+    once = os.environ.get("BYOC_FAULT_ONCE")
+    if crash is None or (once and os.path.exists(once)):
+        return
+    if not os.environ.get("BYOC_ISOLATION_WORKER"):
+        raise FaultyPluginError(f"would {crash} the user's process (only done in an isolation worker)")
+    if once:
+        open(once, "w").close()
+    if crash == "segfault":
+        ctypes.string_at(0)
+    elif crash == "abort":
+        os.abort()
+    elif crash == "hang":
+        while True:
+            time.sleep(3600)
+    else:  # grow until the worker's memory limit refuses (address space only: nothing is touched)
+        import numpy as np
+
+        hog = []
+        while True:
+            hog.append(np.empty(1 << 28, np.uint8))
 
 
 @hookimpl
@@ -113,6 +147,7 @@ def byoc_post_partition(region, options):
 def byoc_codegen(region, options):
     if not _on():
         return None
+    _crash("codegen")
     if active("codegen-raise"):
         raise FaultyPluginError(f"simulated failure generating {region.name}")
     if active("codegen-wrong-type"):
@@ -133,6 +168,7 @@ def _raising(*inputs):
 def byoc_runtime(artifact, options):
     if not _on():
         return None
+    _crash("runtime")
     if active("runtime-raise"):
         raise FaultyPluginError("simulated failure loading the engine")
     if active("runtime-wrong-type"):
@@ -142,6 +178,8 @@ def byoc_runtime(artifact, options):
     program = host_callable(artifact.data)
     if active("callable-wrong-arity"):
         return lambda *inputs: program(*inputs)[:-1]
+    if any(active(f"callable-{c}") for c in CRASHES):
+        return lambda *inputs: (_crash("callable"), program(*inputs))[1]
     return program
 
 
