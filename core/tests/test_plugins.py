@@ -68,7 +68,9 @@ def chain_model():
 
 def assert_matches_host(cm):
     x = {"x": np.linspace(-2, 2, 8, dtype=np.float32).reshape(SHAPE)}
-    np.testing.assert_array_equal(cm.run(x)["y"], byoc.compile(chain_model(), targets=[]).run(x)["y"])
+    # within float32 rounding: the targets' emulations run on the installed host executor's kernels
+    np.testing.assert_allclose(cm.run(x)["y"], byoc.compile(chain_model(), targets=[], host="reference").run(x)["y"],
+                               rtol=1e-6, atol=1e-7)
 
 
 # -- registration ----------------------------------------------------------------------------

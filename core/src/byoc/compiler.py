@@ -156,9 +156,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         model = _pytorch.module_to_onnx(model, example_inputs)
     elif example_inputs is not None:
         raise OptionError("example_inputs is for a torch.nn.Module; an ONNX model takes input_shapes")
-    _check_placement_args(placement, measure_budget_s, host)
-    if not isinstance(wait, bool):
-        raise OptionError(f"wait must be True or False, got {wait!r}")
+    _check_placement_args(placement, measure_budget_s, host, wait)
     check_compile_args(targets=targets, passes=passes, budget=budget, target_options=target_options,
                        strict=strict, hook_timeout=hook_timeout, calibration=calibration)
     budget = budget or DEFAULT_BUDGET
@@ -177,28 +175,35 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
 
         ir_model = _load(model, budget, require_kernels=not selected)
         fix_input_shapes(ir_model, input_shapes, budget)
+        if calibration is not None and any(t.needs_calibration for t in selected):
+            calibration = list(calibration)  # read once: each shape specialisation calibrates again
+        settings = _Settings(registry, None if passes is None else list(passes), budget, strict, hook_timeout,
+                             calibration, placement, measure_budget_s, executor, wait)
         if any(t.shape_policy != "dynamic" for t in selected) and has_symbolic_ir_inputs(ir_model):
             proto = ir.to_proto(ir_model)
             if has_symbolic_inputs(proto):
-                if calibration is not None and any(t.needs_calibration for t in selected):
-                    calibration = list(calibration)  # each shape specialisation calibrates again
-                passes = None if passes is None else list(passes)  # read once per specialisation
-                settings = _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s,
-                                     executor, wait)
-                recipe = {"passes": passes, "strict": strict, "placement": placement, "hook_timeout": hook_timeout,
-                          "calibrated": calibration is not None and any(t.needs_calibration for t in selected),
-                          "target_options": {t.name: dict(options[t.name]) for t in selected}}
                 stages.finish()
-                return specialise(proto, selected, shape_compiler(options, settings), recipe)
-        cm = compile_model(ir_model, selected, options,
-                           _Settings(registry, passes, budget, strict, hook_timeout, calibration, placement, measure_budget_s,
-                                     executor, wait), stages)
+                return _specialised(proto, selected, options, settings)
+        cm = compile_model(ir_model, selected, options, settings, stages)
         if skipped:
             cm.options["skipped_targets"] = skipped
         return cm
 
 
-def _check_placement_args(placement: str, measure_budget_s: float | None, host: str | None) -> None:
+def _specialised(proto: onnx.ModelProto, selected: Sequence[Target], options: Mapping[str, Mapping[str, Any]],
+                 settings: _Settings) -> CompiledModel:
+    """A symbolic model with static-shape targets: compiled per concrete input shapes (see
+    :mod:`byoc.runtime.specialize`)."""
+    recipe = {"passes": settings.passes, "strict": settings.strict, "placement": settings.placement,
+              "hook_timeout": settings.hook_timeout,
+              "calibrated": settings.calibration is not None and any(t.needs_calibration for t in selected),
+              "target_options": {t.name: dict(options[t.name]) for t in selected}}
+    return specialise(proto, selected, shape_compiler(options, settings), recipe)
+
+
+def _check_placement_args(placement: str, measure_budget_s: float | None, host: str | None, wait: bool) -> None:
+    if not isinstance(wait, bool):
+        raise OptionError(f"wait must be True or False, got {wait!r}")
     if placement not in PLACEMENTS:
         raise OptionError(f"placement={placement!r}: expected one of {', '.join(map(repr, PLACEMENTS))}")
     if host is not None and not isinstance(host, str):

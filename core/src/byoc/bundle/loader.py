@@ -117,7 +117,8 @@ _TARGET_FIELDS: dict[str, tuple[type, ...]] = {
     **dict.fromkeys(("rtol", "atol", "launch_overhead"), _NUMBER),
     **dict.fromkeys(("bandwidth", "flops"), (*_NUMBER, type(None))),
     **dict.fromkeys(("priority", "api_version", "max_specializations"), (int,)),
-    "needs_calibration": (bool,), "options": (dict, list), "quantization": (dict,), "shape_buckets": (list,),
+    "needs_calibration": (bool,), "jit": (bool,), "options": (dict, list), "quantization": (dict,),
+    "shape_buckets": (list,),
 }
 
 
@@ -277,7 +278,7 @@ class _Loader:
                 rec.device, rec.fallback = "host", self.host_fallback[rec.region]
         try:
             plan = build_plan(model.graph, budget=self.budget, step_factory=region_step_factory(compiled_regions),
-                              fuse=True, host=host_executor())
+                              fuse=True, host=host_executor(None, self.registry))
         except ByocError as exc:
             raise self.fail(f"member {host_graph!r}: {type(exc).__name__}: {exc}") from None
         cm = CompiledModel(

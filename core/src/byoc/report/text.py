@@ -75,6 +75,17 @@ def _placement_lines(placement: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _first_tier_lines(tier: dict | None) -> list[str]:
+    if tier is None:
+        return []
+    ready = tier["ready_after_s"]
+    state = {"first": "not run yet", "compiling": "compiling in the background",
+             "full": "serving" if ready is None else f"serving since {ready:.1f} s after the first run",
+             "failed": f"failed ({tier['error']})"}[tier["state"]]
+    return ["", "First tier: runs are answered by byoc's reference kernels (regions on the host) until the "
+                f"compiled code serves; compiled code: {state}"]
+
+
 def render_text(data: dict[str, Any]) -> str:
     nodes = data["nodes"]
     targets = [t["name"] for t in data["targets"]]
@@ -148,13 +159,7 @@ def render_text(data: dict[str, Any]) -> str:
             members = [n["name"] for n in nodes if n["fallback"] == text]
             lines.append(f"  [F{k}] {text}")
             lines.append(f"        nodes ({len(members)}): {', '.join(members)}")
-    tier = data.get("first_tier")
-    if tier is not None:
-        state = {"first": "not run yet", "compiling": "compiling in the background",
-                 "full": f"serving since {tier['ready_after_s']:.1f} s after the first run" if tier["ready_after_s"]
-                 is not None else "serving", "failed": f"failed ({tier['error']})"}[tier["state"]]
-        lines += ["", "First tier: runs are answered by byoc's reference kernels (regions on the host) until the "
-                      f"compiled code serves; compiled code: {state}"]
+    lines += _first_tier_lines(data.get("first_tier"))
     lines += ["", f"Plugin faults ({len(data['faults'])}):" if data["faults"] else "Plugin faults: none"]
     for f in data["faults"]:
         lines.append(f"  [{f['kind']}] {f['text']}")
