@@ -1,4 +1,4 @@
-"""Elementwise kernels (arithmetic, math, comparison, logic, Where, Cast, Identity, Dropout)
+"""Elementwise kernels (arithmetic, math, comparison, logic, Where, Cast, BitCast, Identity, Dropout)
 against onnx.reference, through byoc.compile, and against explicit expectations where
 onnx.reference has none (integer division by zero, shifts out of range, negative integer powers)."""
 
@@ -418,6 +418,19 @@ def test_cast_like_and_float8_saturate():
     check("Cast", [x], {"to": TensorProto.FLOAT8E4M3FN})
     check("Cast", [x], {"to": TensorProto.FLOAT8E4M3FN, "saturate": 0}, opset=21)
     check("CastLike", [x, np.array([1], np.float16)])
+
+
+@pytest.mark.parametrize("src,to", [(np.float32, 6), (np.int64, 11), (np.float16, 4), (np.uint8, 3)])
+def test_bitcast_matches_reference(src, to):
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(src)
+    check("BitCast", [x], {"to": to}, opset=26)
+    check("BitCast", [x[:, ::2]], {"to": to}, opset=26)  # a strided view
+
+
+def test_bitcast_refuses_other_widths():
+    run = make_kernel(NodeSpec("BitCast", name="bc", attrs={"to": 7}, opset=26))  # float32 -> int64
+    with pytest.raises(KernelError, match="bc.*bit widths"):
+        run(np.zeros(2, np.float32))
 
 
 def test_identity_and_dropout():

@@ -1,4 +1,4 @@
-"""MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool against onnx.reference / onnxruntime."""
+"""MaxPool, AveragePool, LpPool, GlobalMaxPool, GlobalAveragePool against onnx.reference / onnxruntime."""
 
 from __future__ import annotations
 
@@ -89,6 +89,14 @@ def test_average_pool_property(case, count_include_pad):
     attrs = dict(attrs, count_include_pad=count_include_pad)
     oracle = run_reference if _reference_pool_ok(attrs) else run_onnxruntime
     check("AveragePool", x, attrs, oracle)
+
+
+@SETTINGS
+@given(pool_cases(), st.sampled_from([1, 2, 3]))
+def test_lp_pool_property(case, p):
+    # onnxruntime is the oracle: onnx.reference scales the padded average by the window size
+    x, attrs = case
+    check("LpPool", x, dict(attrs, p=p), run_onnxruntime, opset=18, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(

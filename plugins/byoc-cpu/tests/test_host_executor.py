@@ -46,3 +46,22 @@ def test_host_executor_matches_the_reference(op):
                 np.testing.assert_array_equal(g, w, err_msg=case.describe())
 
     check()
+
+
+def test_nodes_byoc_cpu_declines_run_on_the_reference():
+    # GatherND (the attention-mask lookup of transformers' exports) has no byoc-cpu kernel; the
+    # Relu before it has one
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("GatherND", ["r", "i"], ["y"], batch_dims=1)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4]),
+              helper.make_tensor_value_info("i", TensorProto.INT64, [2, 5, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    i = np.array([[[0], [2], [-1], [1], [0]], [[1], [1], [0], [2], [-3]]], np.int64)
+    compiled = byoc.compile(model, targets=[], registry=REGISTRY)
+    assert compiled._plan.executor is not None
+    want = np.maximum(x, 0)[np.arange(2)[:, None], i[..., 0]]
+    np.testing.assert_array_equal(compiled.run({"x": x, "i": i})["y"], want)

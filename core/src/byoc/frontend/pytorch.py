@@ -4,8 +4,7 @@ One export path serves both: :func:`export` traces a module with example tensors
 ``torch.onnx.export(dynamo=False)``, the TorchScript exporter. With torch 2.13 it exports every
 graph Dynamo hands a backend (torchvision CNNs, LSTMs, Hugging Face BERT with its attention
 mask) in about a second and keeps the weights as initializers; the dynamo exporter is slower
-(seconds per graph) and its BERT lowering uses an operator byoc's host has no kernel for
-(GatherND), so it is the fallback, tried only when the TorchScript exporter fails.
+(seconds per graph), so it is the fallback, tried only when the TorchScript exporter fails.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from byoc.kernels import (  # noqa: E402,F401  isort: skip
     rnn,
     indexing,
     quant,
+    attention,
 )
 
 from byoc.kernels.conv import im2col  # noqa: E402  the flat 2-D patch matrix, for plugins

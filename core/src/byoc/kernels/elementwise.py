@@ -1,4 +1,4 @@
-"""Elementwise kernels: arithmetic, math, comparison and logic, Where, Cast, Identity, Dropout.
+"""Elementwise kernels: arithmetic, math, comparison and logic, Where, Cast, BitCast, Identity, Dropout.
 
 Plain numpy: each operator is a numpy ufunc (or a few) over the broadcast of its inputs, with
 ``np.errstate(all="ignore")`` so that IEEE special values come out quietly, as ONNX expects.
@@ -426,6 +426,24 @@ def make_castlike(spec: NodeSpec):
         x, to = np.asarray(x), np.asarray(like).dtype
         spec.check_alloc(x.shape, to)
         return (_cast(spec, x, to, saturate),)
+
+    return run
+
+
+#: types of less than a byte (numpy holds one value per byte): BitCast refuses them
+_SUB_BYTE = {"int4", "uint4", "int2", "uint2", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"}
+
+
+@kernel("BitCast")
+def make_bitcast(spec: NodeSpec):
+    to = _onnx_dtype(spec, spec.attr("to"))
+
+    def run(x):
+        x = np.asarray(x)
+        kinds, names = {x.dtype.kind, to.kind}, {x.dtype.name, to.name}
+        if x.dtype.itemsize != to.itemsize or kinds & {"O", "S", "U"} or names & _SUB_BYTE:
+            raise spec.error(f"cannot reinterpret {x.dtype} as {to}: the bit widths differ or one is a string")
+        return ((x if x.flags.c_contiguous else x.copy()).view(to),)
 
     return run
 

@@ -1,6 +1,9 @@
-"""Indexing and sequence helpers: ScatterND, ScatterElements, CumSum, NonZero, TopK, Trilu, Einsum."""
+"""Indexing and sequence helpers: GatherND, ScatterND, ScatterElements, CumSum, CumProd, NonZero, TopK, Trilu,
+Einsum."""
 
 from __future__ import annotations
+
+import math
 
 import numba
 import numpy as np
@@ -30,6 +33,31 @@ def _normalise_indices(spec: NodeSpec, idx: np.ndarray, dims) -> np.ndarray:
     if np.any(idx < 0) or np.any(idx >= dims):
         raise spec.error(f"index out of range for dimensions {dims.tolist()}")
     return idx
+
+
+@kernel("GatherND")
+def make_gather_nd(spec: NodeSpec):
+    b = int(spec.attr("batch_dims", 0))
+
+    def run(data, indices):
+        if indices.dtype.kind not in "iu":
+            raise spec.error(f"indices must be an integer tensor, got {indices.dtype}")
+        k = indices.shape[-1] if indices.ndim else 0
+        if not 0 <= b < min(data.ndim, indices.ndim) or not 1 <= k <= data.ndim - b:
+            raise spec.error(f"batch_dims={b} and indices of shape {list(indices.shape)} do not fit data of "
+                             f"shape {list(data.shape)}")
+        if indices.shape[:b] != data.shape[:b]:
+            raise spec.error(f"the batch dimensions of indices {list(indices.shape[:b])} and data "
+                             f"{list(data.shape[:b])} differ")
+        out_shape = indices.shape[:-1] + data.shape[b + k:]
+        spec.check_alloc(out_shape, data.dtype)
+        nb = math.prod(data.shape[:b])
+        idx = _normalise_indices(spec, indices.reshape(nb, math.prod(indices.shape[b:-1]), k), data.shape[b:b + k])
+        rows = spec.alloc.arange(nb)[:, None]
+        out = data.reshape((nb,) + data.shape[b:])[(rows, *np.moveaxis(idx, -1, 0))]
+        return (out.reshape(out_shape),)
+
+    return run
 
 
 @kernel("ScatterND")
@@ -73,26 +101,26 @@ def make_scatter_elements(spec: NodeSpec):
 
 
 @numba.njit(cache=True)
-def _cumsum_lastaxis(x, exclusive, reverse):
+def _cumulate_lastaxis(x, exclusive, reverse, prod):
     rows, n = x.shape
     out = np.empty_like(x)
     for r in range(rows):
-        acc = x.dtype.type(0)
+        acc = x.dtype.type(1 if prod else 0)
         for j in range(n):
             i = n - 1 - j if reverse else j
             if exclusive:
                 out[r, i] = acc
-                acc += x[r, i]
-            else:
-                acc += x[r, i]
+            acc = acc * x[r, i] if prod else acc + x[r, i]
+            if not exclusive:
                 out[r, i] = acc
     return out
 
 
-@kernel("CumSum")
-def make_cumsum(spec: NodeSpec):
+@kernel("CumSum", "CumProd")
+def make_cumulate(spec: NodeSpec):
     exclusive = bool(spec.attr("exclusive", 0))
     reverse = bool(spec.attr("reverse", 0))
+    prod = spec.op_type == "CumProd"
 
     def run(x, axis):
         ax = int(np.asarray(axis).reshape(()))
@@ -100,7 +128,7 @@ def make_cumsum(spec: NodeSpec):
             raise spec.error(f"axis {ax} out of range for rank {x.ndim}")
         moved = np.moveaxis(x, ax, -1)
         flat = np.ascontiguousarray(moved).reshape(-1, moved.shape[-1] if moved.ndim else 1)
-        out = _cumsum_lastaxis(flat, exclusive, reverse).reshape(moved.shape)
+        out = _cumulate_lastaxis(flat, exclusive, reverse, prod).reshape(moved.shape)
         return (np.ascontiguousarray(np.moveaxis(out, -1, ax)),)
 
     return run

@@ -1,4 +1,4 @@
-"""Pooling: MaxPool (with optional Indices), AveragePool, GlobalAveragePool, GlobalMaxPool.
+"""Pooling: MaxPool (with optional Indices), AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool.
 
 1-D, 2-D and 3-D inputs share one code path through the canonical ``(N, C, D, H, W)`` view of
 :func:`byoc.contract.geometry.canon5`. Window geometry (strides, pads, dilations, ceil_mode, auto_pad)
@@ -8,6 +8,7 @@ input or its leading padding (as onnxruntime and PyTorch do).
 The pooled value of a window is accumulated one kernel tap at a time over whole output rows,
 which keeps the inner loops contiguous (vectorised) for stride 1 and cheap otherwise.
 MaxPool with an Indices output scans each window in index order and keeps the first maximum.
+LpPool sums ``|x| ** p`` over the window's taps inside the input and takes the ``p``-th root.
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ def _lowest(dtype: np.dtype):
     return np.iinfo(dtype).min
 
 
-def _pool_factory(spec: NodeSpec, is_max: bool):
+def _pool_factory(spec: NodeSpec, is_max: bool, p: float | None = None):
+    """MaxPool (``is_max``), AveragePool, or LpPool of norm ``p``."""
     auto_pad = auto_pad_mode(spec)
     kshape = spec.attr("kernel_shape")
     if kshape is None:
@@ -201,7 +203,7 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
         if x.dtype.kind not in "fiu":
             raise spec.error(f"unsupported input dtype {x.dtype}")
         if not is_max and x.dtype.kind != "f" and compute_dtype(x.dtype).kind != "f":
-            raise spec.error(f"AveragePool needs a float input, got {x.dtype}")
+            raise spec.error(f"{spec.op_type} needs a float input, got {x.dtype}")
         g = geometry.get(x.shape)
         if g is None:
             g = geometry[x.shape] = setup(x)
@@ -212,7 +214,9 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
         od, oh, ow = pad3(g["out_sp"], 1)
         out = spec.alloc.empty(x.shape[:2] + (od, oh, ow), dt)
         pd, ph, pw = g["pb"]
-        if g["global"] and not want_indices and x5.dtype.kind == "f":
+        if p is not None:
+            x5 = np.abs(x5) ** dt.type(p)
+        if g["global"] and not want_indices and x5.dtype.kind == "f" and p is None:
             _global_pool(x5.reshape(-1, x5[0, 0].size), is_max, out.reshape(-1))
         elif want_indices:
             idx = spec.alloc.empty(out.shape, np.int64)
@@ -220,7 +224,9 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
         else:
             init = _lowest(dt) if is_max else dt.type(0)
             _pool_taps(x5, *k3, *s3, *d3, pd, ph, pw, is_max, init, out, 0, x.shape[0] * x.shape[1])
-            if not is_max:
+            if p is not None:
+                np.power(out, 1 / p, out=out, casting="unsafe")
+            elif not is_max:
                 np.divide(out, g["divisor"], out=out, casting="unsafe")  # float64 quotient, rounded once
         shape = x.shape[:2] + tuple(g["out_sp"])
         y = out.reshape(shape)
@@ -241,6 +247,11 @@ def make_max_pool(spec: NodeSpec):
 @kernel("AveragePool")
 def make_average_pool(spec: NodeSpec):
     return _pool_factory(spec, False)
+
+
+@kernel("LpPool")
+def make_lp_pool(spec: NodeSpec):
+    return _pool_factory(spec, False, float(spec.attr("p", 2)))
 
 
 def _global_factory(spec: NodeSpec, is_max: bool):
