@@ -148,3 +148,33 @@ def test_exporter_dims_roundtrip_through_a_bundle(quirk):
 
     feeds = {"x": np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)}
     assert_roundtrip(_model(**QUIRKS[quirk]), feeds, [], quirk)
+
+
+@pytest.mark.parametrize("placeholder", ["?", "unk__3", "-1", "None", " "])
+def test_anonymous_dim_params_are_independent_unknowns(placeholder):
+    # PaddlePaddle writes every unknown dimension as "?": [-1, 3, "?", "?"] takes a 48x192 image
+    from onnx import TensorProto, helper, numpy_helper
+
+    from byoc.testing.oracle import run_onnxruntime
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                               helper.make_node("GlobalAveragePool", ["c"], ["y"])], "cls",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, placeholder, placeholder])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4, 1, 1])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(1).standard_normal((2, 3, 48, 192)).astype(np.float32)
+    got = byoc.compile(model, targets=[], host="reference").run({"x": x})["y"]
+    np.testing.assert_allclose(got, run_onnxruntime(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_named_dims_that_match_are_still_checked():
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "g",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n"]),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])
+    cm = byoc.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), targets=[])
+    with pytest.raises(byoc.InputError, match="dimension 'n' is 3 here but 2 in another input"):
+        cm.run({"a": np.ones(2, np.float32), "b": np.ones(3, np.float32)})

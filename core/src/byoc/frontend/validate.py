@@ -461,16 +461,22 @@ def _check_graph_outputs(g: GraphProto, local: set[str], visible, where: str, sc
 #: ``dim_value: -1`` is how some exporters (paddle2onnx, older TensorFlow converters) write a
 #: dynamic dimension; onnxruntime reads it as unknown, and so does byoc (the value is cleared)
 _DYNAMIC_DIM_VALUE = -1
+#: ``dim_param`` spellings exporters write for "unknown" (PaddlePaddle's ``?``, onnx's generated
+#: ``unk__N``): each is an independent unknown, never a name two dimensions share
+_ANONYMOUS_DIM = re.compile(r"\?+|-1|none|None|unknown|dynamic|unk__\d+|\s*")
 
 
 def _check_value_info(vi, kind: str, where: str, walk: _Walk | None = None) -> None:
-    """Declared shapes: ``-1`` becomes an unknown (symbolic) dimension, as in onnxruntime; any
-    other negative dimension, or known dimensions whose product is over the tensor budget, is refused."""
+    """Declared shapes: ``-1`` and the anonymous ``dim_param`` spellings (:data:`_ANONYMOUS_DIM`)
+    become independent unknown dimensions, as in onnxruntime; any other negative dimension, or
+    known dimensions whose product is over the tensor budget, is refused."""
     tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
     if tt is None or not tt.HasField("shape"):
         return
     known = []
     for d in tt.shape.dim:
+        if d.HasField("dim_param") and _ANONYMOUS_DIM.fullmatch(d.dim_param):
+            d.ClearField("dim_param")  # an independent unknown
         if not d.HasField("dim_value"):
             continue
         if d.dim_value == _DYNAMIC_DIM_VALUE:
