@@ -59,7 +59,8 @@ def tolerance_of(compiled, targets) -> tuple[float, float, bool, list[str]]:
             [t.name for t in used])
 
 
-def run_one(name: str, model, feeds, expected, names, targets, calibration, runs: int) -> Result:
+def run_one(name: str, model, feeds, expected, names, targets, calibration, runs: int,
+            shapes: dict[str, list[int]]) -> Result:
     import byoc
     from byoc.progress import phase
     from byoc.testing.tolerance import compare
@@ -69,7 +70,7 @@ def run_one(name: str, model, feeds, expected, names, targets, calibration, runs
     t0 = time.perf_counter()
     try:
         compiled = byoc.compile(model, targets=None if targets is None else [t.name for t in targets],
-                                calibration=calibration if needs else None)
+                                calibration=calibration if needs else None, input_shapes=shapes)
     except byoc.ByocError as exc:
         res.notes.append(f"compile failed: {type(exc).__name__}: {' '.join(str(exc).split())}")
         return res
@@ -100,6 +101,10 @@ def run_one(name: str, model, feeds, expected, names, targets, calibration, runs
     cmp = compare(list(out.values()), expected, rtol=rtol, atol=atol, names=names, range_relative=ranged)
     res.max_error, res.ratio = cmp.max_error, cmp.max_ratio
     res.verdict = "PASS" if cmp.ok else "FAIL"
+    took_none = [t.name for t in (targets or []) if not any(r.region.target == t.name for r in compiled.regions)]
+    if cmp.ok and targets and len(took_none) == len(targets):
+        res.verdict = "UNUSED"  # correct, but the target ran nothing: not a pass of the target
+        res.notes.append(f"{', '.join(took_none)} took no node: everything ran on the host")
     scale = "x output range" if ranged else "x |reference|"
     res.notes.insert(0, f"tolerance: atol {atol:g} + rtol {rtol:g} {scale}"
                         f" ({'of ' + ', '.join(took) if took else 'host'})")
@@ -114,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-m", "--zoo", default="resnet50", choices=sorted(ZOO), help="model-zoo architecture")
-    parser.add_argument("--model", help="an ONNX file instead (inputs: seeded random data)")
+    parser.add_argument("--model", help="an ONNX file instead (inputs: seeded random data of each input's type)")
+    parser.add_argument("--shape", action="append", metavar="NAME=D1,D2,...",
+                        help="an input's shape (x=1,3,640,640) or a symbolic dimension's size (batch=1); repeat "
+                             "for each (a symbolic dimension not given is 1)")
     parser.add_argument("-t", "--target", action="append", help="only these targets (default: every installed one)")
     parser.add_argument("--runs", type=int, default=5, help="warm runs per target (median shown)")
     parser.add_argument("--calibration-samples", type=int, default=8, metavar="N",
@@ -147,9 +155,18 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - any unreadable file: one line
         print(f"demo: cannot read the model: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    feeds = zoo_inputs(model, seed=1)
+    from byoc.frontend.shapes import parse_shape_args
+
+    try:
+        shapes = parse_shape_args(args.shape) or {}
+    except byoc.ByocError as exc:
+        parser.error(str(exc))
+    assumed: list[str] = []
+    feeds = zoo_inputs(model, seed=1, shapes=shapes, assumed=assumed)
     label = args.model or f"{args.zoo} (onnx wheel, seeded random weights)"
     print(f"byoc {byoc.__version__}: {label}")
+    print("inputs: " + ", ".join(f"{n} {a.dtype} {list(a.shape)}" for n, a in feeds.items())
+          + (f" (taken as 1: {', '.join(assumed)}; --shape NAME=... sets them)" if assumed else ""))
     print("installed targets:", ", ".join(f"{t.name} {t.version} ({t.device}, {t.runtime_path or '-'}; "
                                           f"rtol {t.rtol:g}, atol {t.atol:g}"
                                           f"{', int8: needs calibration' if t.needs_calibration else ''}"
@@ -167,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         with phase("onnxruntime reference"):
             expected = run_onnxruntime(model, feeds)
         names = [o.name for o in model.graph.output]
-        calibration = [zoo_inputs(model, seed=100 + i) for i in range(args.calibration_samples)]
+        calibration = [zoo_inputs(model, seed=100 + i, shapes=shapes) for i in range(args.calibration_samples)]
         runs = [(t.name, [t]) for t in installed]
         # the default, targets=None, takes only targets whose device is present (no emulations)
         present = [t.name for t in installed if t.is_available()]
@@ -175,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                      else "default (" + ", ".join(args.target) + ")",
                      None if not args.target else installed))
         for name, targets in runs:
-            res = run_one(name, model, feeds, expected, names, targets, calibration, args.runs)
+            res = run_one(name, model, feeds, expected, names, targets, calibration, args.runs,
+                          {n: list(a.shape) for n, a in feeds.items()})
             results.append(res)
             print(f"\n== {name}: {res.verdict}")
             print(f"  placement: {res.placement or '-'}")
@@ -191,8 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(f"  {r.name:<{width}}  {r.verdict}  error/tolerance {r.ratio:7.3f}  compile {r.compile_s:6.2f} s  "
               f"first run {r.first_run_s:6.2f} s  warm {r.warm_ms:8.1f} ms  {r.placement}")
-    failed = [r.name for r in results if r.verdict != "PASS"]
-    print(f"\n{len(results) - len(failed)} of {len(results)} passed" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    failed = [r.name for r in results if r.verdict == "FAIL"]
+    unused = [r.name for r in results if r.verdict == "UNUSED"]
+    passed = len(results) - len(failed) - len(unused)
+    print(f"\n{passed} of {len(results)} passed" + (f"; ran nothing: {', '.join(unused)}" if unused else "")
+          + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
 

@@ -10,11 +10,12 @@ comparison against onnxruntime means something.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 
@@ -121,14 +122,41 @@ def load_zoo(name: str, seed: int = 0, *, keep_ir_version: bool = False) -> onnx
     return randomize(onnx.load(str(zoo_path(name))), seed, keep_ir_version=keep_ir_version)
 
 
-def zoo_inputs(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]:
-    """Seeded random feeds for every graph input that is not an initializer."""
+def zoo_inputs(model: onnx.ModelProto, seed: int = 1, shapes: Mapping[str, Sequence[int] | int] | None = None,
+               assumed: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Seeded random feeds for every graph input that is not an initializer, of its element type
+    (floats from a normal distribution, integers in ``[0, 8)``, booleans at random).
+
+    :param shapes: as ``byoc.compile``'s ``input_shapes``: input name -> shape, or symbolic
+        dimension name -> size. A symbolic dimension it does not fix is 1.
+    :param assumed: filled with ``"input[axis]"`` for each dimension taken as 1.
+    """
     rng = np.random.default_rng(seed)
+    shapes = dict(shapes or {})
     inits = {t.name for t in model.graph.initializer}
     feeds = {}
     for i in model.graph.input:
         if i.name in inits:
             continue
-        shape = [d.dim_value or 1 for d in i.type.tensor_type.shape.dim]
-        feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+        tt = i.type.tensor_type
+        shape = []
+        for axis, d in enumerate(tt.shape.dim):
+            given = shapes.get(i.name)
+            if isinstance(given, (list, tuple)) and axis < len(given) and given[axis] >= 0:
+                shape.append(int(given[axis]))
+            elif d.HasField("dim_value") and d.dim_value >= 0:
+                shape.append(d.dim_value)
+            elif isinstance(shapes.get(d.dim_param), int):
+                shape.append(shapes[d.dim_param])
+            else:
+                shape.append(1)
+                if assumed is not None:
+                    assumed.append(f"{i.name}[{axis}]")
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype(np.float32)
+        if dtype.kind == "b":
+            feeds[i.name] = rng.random(shape) < 0.5
+        elif dtype.kind in "iu":
+            feeds[i.name] = rng.integers(0, 8, size=shape).astype(dtype)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(dtype)
     return feeds
