@@ -61,3 +61,21 @@ def test_demo_fails_when_a_target_misses_its_tolerance(small, monkeypatch, capsy
                          "--no-progress"]) == 1
     out = capsys.readouterr().out
     assert "== vitis: FAIL" in out and "FAILED: vitis" in out and "out of tolerance" in out
+
+
+def test_demo_takes_int_inputs_and_symbolic_dims_and_never_passes_an_unused_target(tmp_path, monkeypatch, capsys):
+    import byoc.plugins
+
+    emb = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32), "emb")
+    graph = helper.make_graph([helper.make_node("Gather", ["emb", "ids"], ["e"]),
+                               helper.make_node("ReduceMean", ["e"], ["y"], axes=[1], keepdims=0)], "ids",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], [emb])
+    path = tmp_path / "ids.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    monkeypatch.setenv("BYOC_PLUGINS", "cpu")
+    monkeypatch.setattr(byoc.plugins, "_registry", None)
+    assert _demo().main(["--model", str(path), "--shape", "seq=12", "--runs", "1", "-t", "cpu", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "ids int64 [1, 12] (taken as 1: ids[0]" in out
+    assert "== cpu: UNUSED" in out and "cpu took no node" in out and "ran nothing: cpu" in out
