@@ -159,3 +159,21 @@ def test_many_inputs_to_one_node_compile_in_linear_time():
     cm = byoc.compile(model, wait=True, registry=REGISTRY)
     assert time.monotonic() - t0 < 60  # linear: a few seconds; quadratic: minutes
     np.testing.assert_allclose(cm.run({"x": np.array([1.0, -2.0], np.float32)})["y"], [n, -2.0 * n])
+
+
+def test_report_of_a_symbolic_model_names_the_static_target_and_each_specialisation():
+    from onnx import TensorProto
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["r"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])])
+    cm = byoc.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), registry=REGISTRY,
+                      wait=True)
+    assert "Static-shape targets (cpu) take part per input shape" in cm.report()
+    assert "Specialisations compiled: 0" in cm.report()
+    for n in (2, 3):
+        cm.run({"x": np.ones((n, 4), np.float32)})
+    data = cm.report_data()["specialisations"]
+    assert [s["shapes"] for s in data["compiled"]] == [{"x": [2, 4]}, {"x": [3, 4]}]
+    assert all(s["nodes"] == {"cpu": 2} and s["regions"] == 1 for s in data["compiled"])
+    assert "x=[3, 4]: 1 region(s); nodes: cpu 2" in cm.report()

@@ -255,9 +255,32 @@ def report_data(compiled: "CompiledModel") -> dict[str, Any]:
         },
         "faults": [_fault_entry(f) for f in compiled.faults],
         "fallbacks": fallbacks,
-        **({"placement": placement} if (placement := placement_section(compiled)) is not None else {}),
-        **({"first_tier": tiers.describe()} if (tiers := getattr(compiled, "tiers", None)) is not None else {}),
+        **_optional_sections(compiled),
     }
+
+
+def _optional_sections(compiled: "CompiledModel") -> dict[str, Any]:
+    tiers = getattr(compiled, "tiers", None)
+    sections = {"placement": placement_section(compiled), "specialisations": specialisation_section(compiled),
+                "first_tier": None if tiers is None else tiers.describe()}
+    return {key: value for key, value in sections.items() if value is not None}
+
+
+def specialisation_section(compiled: "CompiledModel") -> dict[str, Any] | None:
+    """A symbolic model with static-shape targets: the targets that take part per input shape, and
+    each specialisation compiled so far (its shapes, and nodes and regions per device)."""
+    sp = getattr(compiled, "specializer", None)
+    if sp is None:
+        return None
+    shapes = []
+    for key, cm in list(sp.cache.items()):
+        by_device: dict[str, int] = {}
+        for rec in cm.records.values():
+            by_device[rec.device] = by_device.get(rec.device, 0) + 1
+        shapes.append({"shapes": {name: list(dims) for name, dims in key}, "nodes": by_device,
+                       "regions": len(cm.regions)})
+    return {"static_targets": [t.name for t in sp.static_targets], "compiled": shapes,
+            "refused": sp.n_refused}
 
 
 def _ms(seconds: float | None) -> str:

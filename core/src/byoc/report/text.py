@@ -75,6 +75,21 @@ def _placement_lines(placement: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _specialisation_lines(spec: dict | None) -> list[str]:
+    if spec is None:
+        return []
+    names = ", ".join(spec["static_targets"])
+    lines = ["", f"Static-shape targets ({names}) take part per input shape: the table above is the model for any "
+                 f"shape; give the shapes (byoc.compile(..., input_shapes=...), --shape NAME=...) to place them now.",
+             f"Specialisations compiled: {len(spec['compiled'])}" + (f"; input shapes refused: {spec['refused']}"
+                                                                      if spec["refused"] else "")]
+    for s in spec["compiled"]:
+        shapes = ", ".join(f"{n}={d}" for n, d in s["shapes"].items())
+        placed = ", ".join(f"{dev} {n}" for dev, n in s["nodes"].items())
+        lines.append(f"  {shapes}: {s['regions']} region(s); nodes: {placed}")
+    return lines
+
+
 def _first_tier_lines(tier: dict | None) -> list[str]:
     if tier is None:
         return []
@@ -160,6 +175,7 @@ def render_text(data: dict[str, Any]) -> str:
             lines.append(f"  [F{k}] {text}")
             lines.append(f"        nodes ({len(members)}): {', '.join(members)}")
     lines += _first_tier_lines(data.get("first_tier"))
+    lines += _specialisation_lines(data.get("specialisations"))
     lines += ["", f"Plugin faults ({len(data['faults'])}):" if data["faults"] else "Plugin faults: none"]
     for f in data["faults"]:
         lines.append(f"  [{f['kind']}] {f['text']}")
