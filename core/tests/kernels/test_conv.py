@@ -311,19 +311,17 @@ def test_conv3d_one_output_depth_strided(depth, strides):
        dl=st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 2)),
        lo=st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)),
        hi=st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)))
-def test_volume_im2col_matches_its_definition(c, d, h, w, k, s, dl, lo, hi):
-    """The reference's patch matrix of one image (1-D to 3-D windows) is its definition, and it
-    writes nothing outside it."""
+def test_volume_windows_match_their_definition(c, d, h, w, k, s, dl, lo, hi):
+    """The reference's convolution windows (1-D to 3-D, a strided view of the zero-padded input)
+    are their definition."""
     from byoc.kernels import conv as C
 
     od, oh, ow = ((n + a + b - (kk - 1) * q - 1) // st_ + 1 for n, a, b, kk, q, st_ in
                   zip((d, h, w), lo, hi, k, dl, s))
     if min(od, oh, ow) <= 0:
         return
-    x = np.random.default_rng(1).standard_normal(5 + c * d * h * w).astype(np.float32)
-    size = c * k[0] * k[1] * k[2] * od * oh * ow
-    got = np.full(size + 4, np.nan, np.float32)
-    C._im2col(x, 5, c, d, h, w, *k, *s, *dl, *lo, od, oh, ow, got, 2)
-    want = _patches_by_definition(x[5:].reshape(c, d, h, w), k, s, dl, lo, hi, (od, oh, ow), 0, od * oh)
-    assert np.array_equal(got[2:2 + size], want.reshape(-1))
-    assert np.isnan(got[:2]).all() and np.isnan(got[2 + size:]).all()
+    x = np.random.default_rng(1).standard_normal((1, c, d, h, w)).astype(np.float32)
+    win = C.windows(NodeSpec("Conv", name="conv"), x, k, s, dl, lo, (od, oh, ow))
+    got = win[0].transpose(0, 4, 5, 6, 1, 2, 3).reshape(c * k[0] * k[1] * k[2], od * oh * ow)
+    want = _patches_by_definition(x[0], k, s, dl, lo, hi, (od, oh, ow), 0, od * oh)
+    assert np.array_equal(got, want)

@@ -1,17 +1,19 @@
-"""Conv and ConvTranspose (1-D, 2-D and 3-D, groups, dilations, every padding mode).
+"""Conv and ConvTranspose (1-D, 2-D and 3-D, groups, dilations, every padding mode), in numpy.
 
 Every input is viewed in the canonical 5-D layout ``(N, C, D, H, W)``
-(:func:`byoc.contract.geometry.canon5`), so one Numba specialisation per dtype serves all ranks.
-
-Conv is an im2col patch matrix (a Numba loop) times the weight matrix (numpy's BLAS product,
-on BLAS's threads), per image and group; grouped convolutions with few channels per group
-(depthwise) run a direct loop nest instead. ConvTranspose is the transposed product followed by
-a col2im scatter. 16-bit floats are computed in float32. The loops are serial: an OpenMP pool
-(Numba's ``prange``) keeps spinning after its loop and measured 3-8x slower BLAS products next
-to it.
+(:func:`byoc.contract.geometry.canon5`). Conv reads the windows of the zero-padded input as a
+strided view (``sliding_window_view``), copies one image's group of them into a patch matrix
+and multiplies it by the weight matrix (numpy's BLAS product); a 1x1 convolution without padding
+reads its input as the patch matrix, and a grouped convolution with few channels per group
+(depthwise) adds one kernel tap at a time over the whole batch instead. ConvTranspose is the
+transposed product followed by one strided add per kernel tap. 16-bit floats are computed in
+float32. Nothing here is compiled, so a first run starts at once; :func:`im2col` (a Numba loop
+on flat buffers) is for plugins that keep tensors that way.
 """
 
 from __future__ import annotations
+
+import math
 
 import numba
 import numpy as np
@@ -45,33 +47,6 @@ def valid_range(o_n, s, off, n):
 
 
 @numba.njit(cache=True, nogil=True)
-def _im2col(x, xo, c, d, h, w, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, pt, pl, od, oh, ow, col, co):
-    """The patch matrix of one image (and group): ``x[xo:]`` holds ``(c, d, h, w)``; row
-    ``((ci*kd + a)*kh + b)*kw + e`` of ``col[co:]`` (``od*oh*ow`` wide) holds tap ``(a, b, e)``
-    of channel ``ci`` at every output position, zero outside the input."""
-    n_out = od * oh * ow
-    for ci in range(c):
-        for a in range(kd):
-            for b in range(kh):
-                for e in range(kw):
-                    row = co + (((ci * kd + a) * kh + b) * kw + e) * n_out
-                    lo, hi = valid_range(ow, sw, e * dw - pl, w)
-                    for z in range(od):
-                        iz = z * sd - pd + a * dd
-                        for i in range(oh):
-                            ih = i * sh - pt + b * dh
-                            dst = row + (z * oh + i) * ow
-                            if iz < 0 or iz >= d or ih < 0 or ih >= h:
-                                col[dst:dst + ow] = 0
-                                continue
-                            src = xo + ((ci * d + iz) * h + ih) * w + e * dw - pl
-                            col[dst:dst + lo] = 0
-                            for j in range(lo, hi):
-                                col[dst + j] = x[src + j * sw]
-                            col[dst + hi:dst + ow] = 0
-
-
-@numba.njit(cache=True, nogil=True)
 def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co):
     """2-D patch matrix of output rows ``[r0, r1)`` of one image on flat buffers: ``x[xo:]``
     holds ``(c, h, w)``; ``col[co:]`` receives ``(c*kh*kw, (r1-r0)*ow)``, row ``(ci*kh + b)*kw
@@ -95,64 +70,25 @@ def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co):
                     col[dst + hi:dst + ow] = 0
 
 
-@numba.njit(cache=True, nogil=True)
-def _direct(x, w, bias, group, sd, sh, sw, dd, dh, dw, pd, ph, pw, out):
-    """Grouped convolution as a loop nest, one output channel of one image at a time."""
-    nb, _, d_, h_, w_ = x.shape
-    m_, cg, kd_, kh_, kw_ = w.shape
-    _, _, od_, oh_, ow_ = out.shape
-    mg = m_ // group
-    for u in range(nb * m_):
-        n, m = u // m_, u % m_
-        g = m // mg
-        o = out[n, m]
-        o[:] = bias[m]
-        for c in range(cg):
-            xc = x[n, g * cg + c]
-            for kd in range(kd_):
-                for kh in range(kh_):
-                    for kw in range(kw_):
-                        wv = w[m, c, kd, kh, kw]
-                        offw = kw * dw - pw
-                        lo, hi = valid_range(ow_, sw, offw, w_)
-                        for od in range(od_):
-                            id_ = od * sd - pd + kd * dd
-                            if id_ < 0 or id_ >= d_:
-                                continue
-                            for oh in range(oh_):
-                                ih = oh * sh - ph + kh * dh
-                                if ih < 0 or ih >= h_:
-                                    continue
-                                src = xc[id_, ih]
-                                dst = o[od, oh]
-                                for j in range(lo, hi):
-                                    dst[j] += wv * src[j * sw + offw]
+def _padded(spec: NodeSpec, x5: np.ndarray, pb, size) -> np.ndarray:
+    """``x5`` zero-padded: ``pb`` before each spatial axis, then up to ``size`` (or its own end)."""
+    full = tuple(max(p + n, s) for p, n, s in zip(pb, x5.shape[2:], size))
+    if full == x5.shape[2:]:
+        return x5
+    xp = spec.alloc.zeros(x5.shape[:2] + full, x5.dtype)
+    (a, b, c), (d, h, w) = pb, x5.shape[2:]
+    xp[:, :, a:a + d, b:b + h, c:c + w] = x5
+    return xp
 
 
-@numba.njit(cache=True, nogil=True)
-def _col2im_add(col, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, id_n, ih_n, iw_n, n, m0, mg, out):
-    """ConvTranspose scatter: ``out[n, m0+m, i*s - p + k*d] += col[(m, k), i]``."""
-    _, _, od_, oh_, ow_ = out.shape
-    for m in range(mg):
-        o = out[n, m0 + m]
-        for kd in range(kd_):
-            for kh in range(kh_):
-                for kw in range(kw_):
-                    row = col[((m * kd_ + kd) * kh_ + kh) * kw_ + kw]
-                    offw = kw * dw - pw
-                    lo, hi = valid_range(iw_n, sw, offw, ow_)
-                    for i in range(id_n):
-                        od = i * sd - pd + kd * dd
-                        if od < 0 or od >= od_:
-                            continue
-                        for j in range(ih_n):
-                            oh = j * sh - ph + kh * dh
-                            if oh < 0 or oh >= oh_:
-                                continue
-                            dst = o[od, oh]
-                            base = (i * ih_n + j) * iw_n
-                            for k in range(lo, hi):
-                                dst[k * sw + offw] += row[base + k]
+def windows(spec: NodeSpec, x5: np.ndarray, k, s, d, pb, out_sp) -> np.ndarray:
+    """The convolution windows of ``x5``: a strided view ``(N, C, od, oh, ow, kd, kh, kw)`` of its
+    zero-padded copy (``pb`` leading pads; the trailing ones follow from ``out_sp``)."""
+    span = [(kk - 1) * dd + 1 for kk, dd in zip(k, d)]
+    xp = _padded(spec, x5, pb, [(o - 1) * ss + sp for o, ss, sp in zip(out_sp, s, span)])
+    view = np.lib.stride_tricks.sliding_window_view(xp, span, axis=(2, 3, 4))
+    (sd, sh, sw), (dd, dh, dw), (od, oh, ow) = s, d, out_sp
+    return view[:, :, :(od - 1) * sd + 1:sd, :(oh - 1) * sh + 1:sh, :(ow - 1) * sw + 1:sw, ::dd, ::dh, ::dw]
 
 
 def _float_input(spec: NodeSpec, x: np.ndarray) -> np.dtype:
@@ -215,36 +151,33 @@ def make_conv(spec: NodeSpec):
     def run(x, w, b=None):
         dt = _float_input(spec, x)
         g = geometry(x, w)
-        nb, m = x.shape[0], w.shape[0]
-        cg, mg = g["cg"], g["mg"]
-        od, oh, ow = pad3(g["out_sp"], 1)
+        nb, m, cg, mg = x.shape[0], w.shape[0], g["cg"], g["mg"]
+        out_sp, k, s, pb = pad3(g["out_sp"], 1), g["k"], g["s"], g["pb"]
+        taps, n_out = math.prod(k), math.prod(out_sp)
         x5 = np.ascontiguousarray(canon5(x), dtype=dt)
-        w5 = np.ascontiguousarray(canon5(w), dtype=dt)
-        bias = _bias(spec, b, m, dt)
-        out = spec.alloc.empty((nb, m, od, oh, ow), dt)
-        (kd, kh, kw), (sd, sh, sw), (dd, dh, dw), (pd, pt, pl) = g["k"], g["s"], g["d"], g["pb"]
-        if group > 1 and cg < _DIRECT_MAX_CHANNELS:
-            _direct(x5, w5, bias, group, sd, sh, sw, dd, dh, dw, pd, pt, pl, out)
+        w5 = np.ascontiguousarray(canon5(w), dtype=dt).reshape(group, mg, cg, *k)
+        out = spec.alloc.empty((nb, group, mg, *out_sp), dt)
+        # a 1x1 convolution without padding reads its (strided) input as the patch matrix
+        if taps == 1 and not any(pb) and out_sp == tuple(len(range(0, n, st)) for n, st in zip(x5.shape[2:], s)):
+            win = x5[:, :, ::s[0], ::s[1], ::s[2], None, None, None]
         else:
-            _, c, d, h, wd = x5.shape
-            n_out = od * oh * ow
-            wmat = w5.reshape(group, mg, -1)
-            # a 1x1 convolution without padding reads its (strided) input as the patch matrix
-            pointwise = kd * kh * kw == 1 and not any(g["pb"]) and (od, oh, ow) == tuple(
-                len(range(0, n, s)) for n, s in zip((d, h, wd), (sd, sh, sw)))
-            col = None if pointwise else spec.alloc.empty(cg * kd * kh * kw * n_out, dt)
-            xf = x5.reshape(-1)
-            outg = out.reshape(nb, group, mg, n_out)
+            win = windows(spec, x5, k, s, g["d"], pb, out_sp)
+        win = win.reshape(nb, group, cg, *out_sp, *k)
+        if group > 1 and cg < _DIRECT_MAX_CHANNELS:
+            # few channels per group (depthwise): one tap of one channel at a time, whole batch
+            out[...] = 0
+            term = spec.alloc.empty(out.shape, dt)
+            for c in range(cg):
+                for t in np.ndindex(*k):
+                    np.multiply(w5[:, :, c][(..., *t, None, None, None)], win[:, :, c][(..., *t)][:, :, None], out=term)
+                    out += term
+        else:
+            wmat, outg = w5.reshape(group, mg, cg * taps), out.reshape(nb, group, mg, n_out)
             for n in range(nb):
                 for gi in range(group):
-                    if pointwise:
-                        cols = x5[n, gi * cg:(gi + 1) * cg, ::sd, ::sh, ::sw].reshape(cg, n_out)
-                    else:
-                        _im2col(xf, (n * c + gi * cg) * d * h * wd, cg, d, h, wd, kd, kh, kw, sd, sh, sw, dd, dh, dw,
-                                pd, pt, pl, od, oh, ow, col, 0)
-                        cols = col.reshape(-1, n_out)
+                    cols = np.ascontiguousarray(win[n, gi].transpose(0, 4, 5, 6, 1, 2, 3)).reshape(cg * taps, n_out)
                     np.matmul(wmat[gi], cols, out=outg[n, gi])
-            outg += bias.reshape(1, group, mg, 1)
+        out += _bias(spec, b, m, dt).reshape(1, group, mg, 1, 1, 1)
         return (out.reshape((nb, m, *g["out_sp"])).astype(x.dtype, copy=False),)
 
     return run
@@ -294,18 +227,26 @@ def make_conv_transpose(spec: NodeSpec):
         g = _transpose_geometry(spec, x, w, group, auto_pad)
         nb, cg, mg = x.shape[0], g["cg"], g["mg"]
         m = mg * group
-        od, oh, ow = pad3(g["out_sp"], 1)
-        out = spec.alloc.empty((nb, m, od, oh, ow), dt)
-        out.reshape(nb, m, -1)[...] = _bias(spec, b, m, dt)[None, :, None]
-        idn, ihn, iwn = g["in"]
-        xr = np.ascontiguousarray(canon5(x), dtype=dt).reshape(nb, x.shape[1], -1)
-        wt = np.asarray(w, dtype=dt).reshape(group, cg, -1).transpose(0, 2, 1)  # (G, Mg*K, Cg)
-        (kd, kh, kw), (sd, sh, sw), (dd, dh, dw), (pd, ph, pw) = g["k"], g["s"], g["d"], g["pb"]
-        spec.check_alloc((wt.shape[1], xr.shape[2]), dt)
+        out_sp, in_sp, k, s, d, pb = pad3(g["out_sp"], 1), g["in"], g["k"], g["s"], g["d"], g["pb"]
+        # every tap adds into a full-size buffer that starts at min(0, pad) on each axis
+        lo = [min(0, p) for p in pb]
+        full = [max((i - 1) * st + (kk - 1) * dd + 1, p + o) - low
+                for i, st, kk, dd, p, o, low in zip(in_sp, s, k, d, pb, out_sp, lo)]
+        spec.check_alloc((nb, m, *full), dt)
+        acc = spec.alloc.zeros((nb, group, mg, *full), dt)
+        xr = np.ascontiguousarray(canon5(x), dtype=dt).reshape(nb, group, cg, math.prod(in_sp))
+        wt = np.asarray(w, dtype=dt).reshape(group, cg, mg * math.prod(k)).transpose(0, 2, 1)  # (G, Mg*K, Cg)
+        spec.check_alloc((wt.shape[1], xr.shape[3]), dt)
         for n in range(nb):
             for gi in range(group):
-                col = np.matmul(wt[gi], xr[n, gi * cg:(gi + 1) * cg])
-                _col2im_add(col, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, idn, ihn, iwn, n, gi * mg, mg, out)
+                col = np.matmul(wt[gi], xr[n, gi]).reshape(mg, *k, *in_sp)
+                for t in np.ndindex(*k):
+                    start = [tt * dd - low for tt, dd, low in zip(t, d, lo)]
+                    acc[n, gi][(slice(None), *(slice(a, a + (i - 1) * st + 1, st)
+                                             for a, i, st in zip(start, in_sp, s)))] += col[(slice(None), *t)]
+        crop = tuple(slice(p - low, p - low + o) for p, low, o in zip(pb, lo, out_sp))
+        out = acc.reshape(nb, m, *full)[(slice(None), slice(None), *crop)]
+        out = out + _bias(spec, b, m, dt).reshape(1, m, 1, 1, 1)
         return (out.reshape((nb, m, *g["out_sp"])).astype(x.dtype, copy=False),)
 
     return run

@@ -5,9 +5,9 @@
 follows the ONNX operator definitions; with ceil_mode the last window must start inside the
 input or its leading padding (as onnxruntime and PyTorch do).
 
-The pooled value of a window is accumulated one kernel tap at a time over whole output rows,
-which keeps the inner loops contiguous (vectorised) for stride 1 and cheap otherwise.
-MaxPool with an Indices output scans each window in index order and keeps the first maximum.
+The pooled value of a window is accumulated one kernel tap at a time over the whole tensor (numpy:
+one strided slice of the padded input per tap). MaxPool with an Indices output scans each window
+in index order and keeps the first maximum (a Numba loop).
 LpPool sums ``|x| ** p`` over the window's taps inside the input and takes the ``p``-th root.
 """
 
@@ -17,57 +17,11 @@ import numba
 import numpy as np
 
 from byoc.contract.geometry import auto_pad_mode, canon5, int_list, pad3, window_geometry
-from byoc.kernels.conv import valid_range as _tap_range  # outputs whose tap lies inside the input
 from byoc.kernels.elementwise import compute_dtype
 from byoc.kernels.registry import NodeSpec, kernel
 
 # -------------------------------------------------------------------------------------------------
 # Numba kernels
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _pool_taps(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, is_max, init, out, p0, p1):
-    """Max (``is_max``) or sum of each window, one kernel tap at a time, for the planes
-    ``[p0, p1)`` of the flattened (N*C) plane index."""
-    nb, c_, d_, h_, w_ = x.shape
-    _, _, od_, oh_, ow_ = out.shape
-    for p in range(p0, p1):
-        n = p // c_
-        c = p - n * c_
-        o = out[n, c]
-        o[:] = init
-        xc = x[n, c]
-        for kd in range(kd_):
-            for kh in range(kh_):
-                for kw in range(kw_):
-                    offw = kw * dw - pw
-                    lo, hi = _tap_range(ow_, sw, offw, w_)
-                    for od in range(od_):
-                        id_ = od * sd - pd + kd * dd
-                        if id_ < 0 or id_ >= d_:
-                            continue
-                        for oh in range(oh_):
-                            ih = oh * sh - ph + kh * dh
-                            if ih < 0 or ih >= h_:
-                                continue
-                            src = xc[id_, ih]
-                            dst = o[od, oh]
-                            if is_max:
-                                if sw == 1:
-                                    for j in range(lo, hi):
-                                        v = src[j + offw]
-                                        dst[j] = v if v > dst[j] else dst[j]
-                                else:
-                                    for j in range(lo, hi):
-                                        v = src[j * sw + offw]
-                                        dst[j] = v if v > dst[j] else dst[j]
-                            else:
-                                if sw == 1:
-                                    for j in range(lo, hi):
-                                        dst[j] += src[j + offw]
-                                else:
-                                    for j in range(lo, hi):
-                                        dst[j] += src[j * sw + offw]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -113,26 +67,30 @@ def _maxpool_indices(x, kd_, kh_, kw_, sd, sh, sw, dd, dh, dw, pd, ph, pw, col_m
                             idx[n, c, od, oh, ow] = cbase + (bi * h_ + bj) * w_ + bk
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _global_max(x, out):
-    # x (R, S) -> out (R,)
-    r_, s_ = x.shape
-    for r in range(r_):
-        row = x[r]
-        m = row[0]
-        for i in range(1, s_):
-            if row[i] > m:
-                m = row[i]
-        out[r] = m
-
-
 def _global_pool(x: np.ndarray, is_max: bool, out: np.ndarray) -> None:
-    """``x (R, S) -> out (R,)``: the maximum, or the mean with a float64 sum (numpy: nothing to
-    compile for the global average every classifier ends with)."""
+    """``x (R, S) -> out (R,)``: the maximum, or the mean with a float64 sum."""
     if is_max:
-        _global_max(x, out)
+        np.max(x, axis=1, out=out)
     else:
         np.divide(x.sum(axis=1, dtype=np.float64), x.shape[1], out=out, casting="unsafe")
+
+
+def _pool_taps(spec: NodeSpec, x5: np.ndarray, k3, s3, d3, pb, is_max: bool, init, out: np.ndarray) -> None:
+    """Max (``is_max``) or sum of each window into ``out``, one kernel tap at a time over the whole
+    tensor: a strided slice of the input padded with ``init`` (a tap in the padding adds nothing)."""
+    out_sp = out.shape[2:]
+    need = [(o - 1) * st + (kk - 1) * dd + 1 for o, st, kk, dd in zip(out_sp, s3, k3, d3)]
+    full = tuple(max(p + n, nd) for p, n, nd in zip(pb, x5.shape[2:], need))
+    xp = x5
+    if full != x5.shape[2:]:
+        xp = spec.alloc.full(x5.shape[:2] + full, init, x5.dtype)
+        (a, b, c), (d, h, w) = pb, x5.shape[2:]
+        xp[:, :, a:a + d, b:b + h, c:c + w] = x5
+    out[...] = init
+    combine = np.maximum if is_max else np.add
+    for t in np.ndindex(*k3):
+        tap = tuple(slice(tt * dd, tt * dd + (o - 1) * st + 1, st) for tt, dd, o, st in zip(t, d3, out_sp, s3))
+        combine(out, xp[(slice(None), slice(None), *tap)], out=out)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -223,7 +181,7 @@ def _pool_factory(spec: NodeSpec, is_max: bool, p: float | None = None):
             _maxpool_indices(x5, *k3, *s3, *d3, pd, ph, pw, storage_order == 1, _lowest(dt), out, idx)
         else:
             init = _lowest(dt) if is_max else dt.type(0)
-            _pool_taps(x5, *k3, *s3, *d3, pd, ph, pw, is_max, init, out, 0, x.shape[0] * x.shape[1])
+            _pool_taps(spec, x5, k3, s3, d3, g["pb"], is_max, init, out)
             if p is not None:
                 np.power(out, 1 / p, out=out, casting="unsafe")
             elif not is_max:
