@@ -15,3 +15,7 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# the tests check the compiled code's results bit for bit (bundles, threads): compile waits for it,
+# also when pytest runs outside tox (which sets the same)
+os.environ.setdefault("BYOC_WAIT", "1")

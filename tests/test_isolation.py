@@ -51,13 +51,14 @@ def test_isolated_results_equal_in_process_and_survive_a_bundle(monkeypatch, tmp
     assert not cm.faults and not warned
     assert isinstance(cm.regions[0].fn, IsolatedRegion) and not isinstance(plain.regions[0].fn, IsolatedRegion)
     assert [cm.records[n].device for n in NODES] == ["faultchip"] * 6
-    np.testing.assert_array_equal(cm.run(x)["y"], plain.run(x)["y"])
+    # within float32 rounding: the emulation runs on whichever host kernels each process has
+    np.testing.assert_allclose(cm.run(x)["y"], plain.run(x)["y"], rtol=1e-6, atol=1e-7)
     path = tmp_path / "iso.byoc"
     cm.save(path)
     loaded = byoc.load(path, registry=reg)
     assert isinstance(loaded.regions[0].fn, IsolatedRegion)  # the option travels with the bundle
     assert loaded.options["target_options"]["faultchip"]["isolation"] == "process"
-    np.testing.assert_array_equal(loaded.run(x)["y"], plain.run(x)["y"])
+    np.testing.assert_allclose(loaded.run(x)["y"], plain.run(x)["y"], rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

@@ -34,7 +34,8 @@ def compile_with(reg, strict=False, **kwargs):
 def assert_correct(cm):
     m = fault_chain()
     x = feeds(m)
-    np.testing.assert_array_equal(cm.run(x)["y"], byoc.compile(m, targets=[]).run(x)["y"])
+    # within float32 rounding: the host's kernels are the reference's or an installed executor's
+    np.testing.assert_allclose(cm.run(x)["y"], byoc.compile(m, targets=[]).run(x)["y"], rtol=1e-6, atol=1e-7)
 
 
 def devices(cm):

@@ -36,6 +36,7 @@ from byoc.partition import measure as _measure
 from byoc.partition.placement import HOST, PLACEMENTS
 from byoc.partition.records import NodeRecord
 from byoc.contract import HostExecutor, Region, Target
+from byoc.contract import environment as _env
 from byoc.contract.options import resolve_options as _resolve
 from byoc.frontend.shapes import fix_input_shapes
 from byoc.passes.simplify import drop_legacy_initializer_inputs
@@ -104,7 +105,7 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     measure_budget_s: float | None = None,
     host: str | None = None,
     example_inputs: Any = None,
-    wait: bool = False,
+    wait: bool | None = None,
 ) -> CompiledModel:
     """Compile an ONNX model (or a ``torch.nn.Module``, exported to ONNX first).
 
@@ -145,11 +146,11 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         or an executor's name (see :mod:`byoc.contract.host`).
     :param example_inputs: for a ``torch.nn.Module``: a tensor, a tuple of tensors or a dict
         name -> tensor; the module is exported with them (``mark_dynamic`` dims stay symbolic).
-    :param wait: ``False`` (default): where a JIT engine compiles its code on the first run
-        (``Target.jit``, ``HostExecutor.jit``: byoc-cpu), runs are answered by byoc's reference
-        kernels until that compile, started by the first run in the background, is done
-        (:mod:`byoc.runtime.tiers`; ``CompiledModel.wait()`` waits for it). ``True``: the first
-        run compiles and every run is at full speed (benchmarks).
+    :param wait: ``False`` (the default; ``BYOC_WAIT=1`` makes it ``True``): where a JIT engine
+        compiles its code on the first run (``Target.jit``, ``HostExecutor.jit``: byoc-cpu), runs
+        are answered by byoc's reference kernels until that compile, started by the first run in
+        the background, is done (:mod:`byoc.runtime.tiers`; ``CompiledModel.wait()`` waits for
+        it). ``True``: the first run compiles and every run is at full speed (benchmarks).
     :returns: a :class:`CompiledModel`.
     """
     if _pytorch.is_module(model):
@@ -160,6 +161,8 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
     check_compile_args(targets=targets, passes=passes, budget=budget, target_options=target_options,
                        strict=strict, hook_timeout=hook_timeout, calibration=calibration)
     budget = budget or DEFAULT_BUDGET
+    if wait is None:
+        wait = _env.get("BYOC_WAIT") in ("1", "true", "yes")
     with bounded.time_limit(budget.max_compile_seconds):
         stages = progress_stages("compile")
         stages.next("load and validate the model")
@@ -201,9 +204,9 @@ def _specialised(proto: onnx.ModelProto, selected: Sequence[Target], options: Ma
     return specialise(proto, selected, shape_compiler(options, settings), recipe)
 
 
-def _check_placement_args(placement: str, measure_budget_s: float | None, host: str | None, wait: bool) -> None:
-    if not isinstance(wait, bool):
-        raise OptionError(f"wait must be True or False, got {wait!r}")
+def _check_placement_args(placement: str, measure_budget_s: float | None, host: str | None, wait: Any) -> None:
+    if wait is not None and not isinstance(wait, bool):
+        raise OptionError(f"wait must be True, False or None, got {wait!r}")
     if placement not in PLACEMENTS:
         raise OptionError(f"placement={placement!r}: expected one of {', '.join(map(repr, PLACEMENTS))}")
     if host is not None and not isinstance(host, str):

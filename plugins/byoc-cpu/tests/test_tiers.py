@@ -22,7 +22,7 @@ def targets(request):
 
 def test_the_first_tier_answers_and_the_compiled_code_takes_over(targets):
     model, feeds = small_net(seed=11)
-    cm = byoc.compile(model, targets=targets, registry=REGISTRY)
+    cm = byoc.compile(model, targets=targets, registry=REGISTRY, wait=False)
     assert cm.tiers is not None and cm.tiers.state == "first"
     first = cm.run(feeds)
     assert cm.tiers.state in ("compiling", "full")
@@ -38,7 +38,7 @@ def test_the_first_tier_answers_and_the_compiled_code_takes_over(targets):
 def test_runs_racing_the_swap_are_all_correct(targets):
     model, feeds = small_net(seed=12)
     want = byoc.compile(model, targets=[], host="reference").run(feeds)
-    cm = byoc.compile(model, targets=targets, registry=REGISTRY)
+    cm = byoc.compile(model, targets=targets, registry=REGISTRY, wait=False)
     results, errors = [], []
 
     def worker():
@@ -63,7 +63,7 @@ def test_runs_racing_the_swap_are_all_correct(targets):
 
 def test_a_failed_background_compile_leaves_the_first_tier_serving_and_says_so_once():
     model, feeds = small_net(seed=13)
-    cm = byoc.compile(model, registry=REGISTRY)
+    cm = byoc.compile(model, registry=REGISTRY, wait=False)
 
     def broken(_feeds):
         raise RuntimeError("the code generator's module did not compile")

@@ -22,6 +22,7 @@ VARIABLES: dict[str, str] = {
     "BYOC_CACHE_DIR": "folder of byoc's own caches (placement figures; default ~/.cache/byoc)",
     "BYOC_JIT_HELPERS": "helper processes that compile a first run's kernels (0: none)",
     "BYOC_JIT_EARLY_INIT": "0: do not initialise Numba's compiler while the model loads",
+    "BYOC_WAIT": "1: byoc.compile's default is wait=True (no first tier: every run on the compiled code)",
     "BYOC_ISOLATION_WORKER": "set (to 1) by byoc inside an isolation worker (isolation='process'); read-only",
     # byoc-cpu
     "BYOC_THREAD_POLICY": "byoc-cpu's thread policy: 'blas' (OpenBLAS threads per GEMM) or 'off'",
