@@ -157,12 +157,10 @@ def compile(  # noqa: A001  (the public name is byoc.compile)
         model = _pytorch.module_to_onnx(model, example_inputs)
     elif example_inputs is not None:
         raise OptionError("example_inputs is for a torch.nn.Module; an ONNX model takes input_shapes")
-    _check_placement_args(placement, measure_budget_s, host, wait)
+    wait = _check_placement_args(placement, measure_budget_s, host, wait)
     check_compile_args(targets=targets, passes=passes, budget=budget, target_options=target_options,
                        strict=strict, hook_timeout=hook_timeout, calibration=calibration)
     budget = budget or DEFAULT_BUDGET
-    if wait is None:
-        wait = _env.get("BYOC_WAIT") in ("1", "true", "yes")
     with bounded.time_limit(budget.max_compile_seconds):
         stages = progress_stages("compile")
         stages.next("load and validate the model")
@@ -204,7 +202,8 @@ def _specialised(proto: onnx.ModelProto, selected: Sequence[Target], options: Ma
     return specialise(proto, selected, shape_compiler(options, settings), recipe)
 
 
-def _check_placement_args(placement: str, measure_budget_s: float | None, host: str | None, wait: Any) -> None:
+def _check_placement_args(placement: str, measure_budget_s: float | None, host: str | None, wait: Any) -> bool:
+    """Check these arguments; returns ``wait`` with its default (``BYOC_WAIT``) applied."""
     if wait is not None and not isinstance(wait, bool):
         raise OptionError(f"wait must be True, False or None, got {wait!r}")
     if placement not in PLACEMENTS:
@@ -214,6 +213,7 @@ def _check_placement_args(placement: str, measure_budget_s: float | None, host: 
     if measure_budget_s is not None and (isinstance(measure_budget_s, bool) or not isinstance(
             measure_budget_s, (int, float)) or not 0 <= measure_budget_s < math.inf):
         raise OptionError(f"measure_budget_s={measure_budget_s!r}: expected a finite number of seconds >= 0")
+    return wait if wait is not None else _env.get("BYOC_WAIT") in ("1", "true", "yes")
 
 
 def shape_compiler(options: Mapping[str, Mapping[str, Any]], settings: "_Settings"):
