@@ -45,7 +45,9 @@ class Planted:
 def model(tmp_path_factory) -> Path:
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")]
+    # Erf: a reference kernel that is a (cached) Numba loop
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Erf", ["c"], ["y"], name="erf")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 6, 6])], [w])
     path = tmp_path_factory.mktemp("numba-cache") / "conv.onnx"
