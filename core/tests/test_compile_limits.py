@@ -79,6 +79,17 @@ def test_a_bounded_call_reports_what_the_child_did():
         bounded.call(lambda: time.sleep(60) or b"", "a sleeping step")
 
 
+@needs_fork
+def test_the_child_runs_no_garbage_collection():
+    """A collection in the forked child would run destructors of the parent's garbage: an
+    onnxruntime session in a cycle (a refused run's traceback) then waits for its thread pool's
+    threads, which the child does not have, until the compile's time limit."""
+    import gc
+
+    with bounded.time_limit(30):
+        assert gc.isenabled() and bounded.call(lambda: str(gc.isenabled()).encode(), "step") == b"False"
+
+
 def test_nested_limits_keep_the_earlier_deadline():
     with bounded.time_limit(10):
         with bounded.time_limit(1000):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import faulthandler
+import gc
 import os
 import select
 import signal
@@ -103,6 +104,7 @@ def call(fn: Callable[[], bytes], step: str) -> bytes:
         try:
             os.close(r)
             faulthandler.disable()  # a crash is the parent's to report, once
+            gc.disable()  # no destructors here: one of the parent's thread pools would wait for its threads forever
             try:
                 payload = b"0" + fn()
             except BaseException as exc:
