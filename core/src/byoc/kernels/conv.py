@@ -228,7 +228,7 @@ def make_conv(spec: NodeSpec):
         else:
             _, c, d, h, wd = x5.shape
             n_out = od * oh * ow
-            wmat = w5.reshape(group, mg, -1)
+            wmat = w5.reshape(group, mg, cg * kd * kh * kw)
             # a 1x1 convolution without padding reads its (strided) input as the patch matrix
             pointwise = kd * kh * kw == 1 and not any(g["pb"]) and (od, oh, ow) == tuple(
                 len(range(0, n, s)) for n, s in zip((d, h, wd), (sd, sh, sw)))
@@ -296,11 +296,11 @@ def make_conv_transpose(spec: NodeSpec):
         m = mg * group
         od, oh, ow = pad3(g["out_sp"], 1)
         out = spec.alloc.empty((nb, m, od, oh, ow), dt)
-        out.reshape(nb, m, -1)[...] = _bias(spec, b, m, dt)[None, :, None]
+        out.reshape(nb, m, od * oh * ow)[...] = _bias(spec, b, m, dt)[None, :, None]
         idn, ihn, iwn = g["in"]
-        xr = np.ascontiguousarray(canon5(x), dtype=dt).reshape(nb, x.shape[1], -1)
-        wt = np.asarray(w, dtype=dt).reshape(group, cg, -1).transpose(0, 2, 1)  # (G, Mg*K, Cg)
         (kd, kh, kw), (sd, sh, sw), (dd, dh, dw), (pd, ph, pw) = g["k"], g["s"], g["d"], g["pb"]
+        xr = np.ascontiguousarray(canon5(x), dtype=dt).reshape(nb, x.shape[1], idn * ihn * iwn)
+        wt = np.asarray(w, dtype=dt).reshape(group, cg, mg * kd * kh * kw).transpose(0, 2, 1)  # (G, Mg*K, Cg)
         spec.check_alloc((wt.shape[1], xr.shape[2]), dt)
         for n in range(nb):
             for gi in range(group):

@@ -99,7 +99,7 @@ def make_cumsum(spec: NodeSpec):
         if not -x.ndim <= ax < x.ndim:
             raise spec.error(f"axis {ax} out of range for rank {x.ndim}")
         moved = np.moveaxis(x, ax, -1)
-        flat = np.ascontiguousarray(moved).reshape(-1, moved.shape[-1] if moved.ndim else 1)
+        flat = np.ascontiguousarray(moved).reshape(-1 if moved.size else 0, moved.shape[-1] if moved.ndim else 1)
         out = _cumsum_lastaxis(flat, exclusive, reverse).reshape(moved.shape)
         return (np.ascontiguousarray(np.moveaxis(out, -1, ax)),)
 
