@@ -148,6 +148,7 @@ def make_trilu(spec: NodeSpec):
 
     def run(x, k=None):
         kk = 0 if k is None else int(np.asarray(k).reshape(()))
+        kk = max(-sum(x.shape[-2:]), min(sum(x.shape[-2:]), kk))  # past the matrix: all or nothing
         spec.check_alloc(x.shape, x.dtype)  # the same size as x (np.triu/np.tril copy)
         return ((np.triu(x, kk) if upper else np.tril(x, kk)).astype(x.dtype, copy=False),)
 

@@ -664,6 +664,8 @@ def make_conv(spec: NodeSpec):
         out_sp, pb, pe = window_geometry(spec, list(x.shape[2:]), ksz, strides, dil, pads, auto_pad)
         if min(out_sp) <= 0:
             raise spec.error(f"output would be empty (spatial size {out_sp}) for input {list(x.shape)}")
+        # a stride past the padded input gives one window, as any larger one (INT64_MAX would size planes)
+        strides = [min(s, n + b + e + 1) for s, n, b, e in zip(strides, x.shape[2:], pb, pe)]
         g = {
             "nd": nd, "out_sp": out_sp, "k": pad3(ksz, 1), "s": pad3(strides, 1), "d": pad3(dil, 1),
             "pb": pad3(pb, 0), "pe": pad3(pe, 0), "in": pad3(list(x.shape[2:]), 1), "cg": cg, "mg": m // group,
