@@ -13,3 +13,7 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# the suites check the compiled code bit for bit: compile waits for it (tox sets the same);
+# tiered first runs are tested with wait=False
+os.environ.setdefault("BYOC_WAIT", "1")

@@ -127,7 +127,7 @@ def make_cumulate(spec: NodeSpec):
         if not -x.ndim <= ax < x.ndim:
             raise spec.error(f"axis {ax} out of range for rank {x.ndim}")
         moved = np.moveaxis(x, ax, -1)
-        flat = np.ascontiguousarray(moved).reshape(-1, moved.shape[-1] if moved.ndim else 1)
+        flat = np.ascontiguousarray(moved).reshape(-1 if moved.size else 0, moved.shape[-1] if moved.ndim else 1)
         out = _cumulate_lastaxis(flat, exclusive, reverse, prod).reshape(moved.shape)
         return (np.ascontiguousarray(np.moveaxis(out, -1, ax)),)
 
@@ -176,6 +176,7 @@ def make_trilu(spec: NodeSpec):
 
     def run(x, k=None):
         kk = 0 if k is None else int(np.asarray(k).reshape(()))
+        kk = max(-sum(x.shape[-2:]), min(sum(x.shape[-2:]), kk))  # past the matrix: all or nothing
         spec.check_alloc(x.shape, x.dtype)  # the same size as x (np.triu/np.tril copy)
         return ((np.triu(x, kk) if upper else np.tril(x, kk)).astype(x.dtype, copy=False),)
 

@@ -125,6 +125,8 @@ def make_layer_normalization(spec: NodeSpec):
         if not 0 <= axis < r:
             raise spec.error(f"axis {axis_attr} is out of range for X of rank {r}")
         norm_shape = xc.shape[axis:]
+        if 0 in norm_shape:  # as onnxruntime: no statistics of nothing
+            raise spec.error(f"X of shape {list(x.shape)} has nothing to normalise from axis {axis_attr}")
 
         def param(p, name):
             try:

@@ -13,6 +13,8 @@ LpPool sums ``|x| ** p`` over the window's taps inside the input and takes the `
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
@@ -134,6 +136,7 @@ def _pool_factory(spec: NodeSpec, is_max: bool, p: float | None = None):
         out_sp, pb, pe = window_geometry(spec, in_sp, kshape, strides, dil, pads, auto_pad, ceil_mode)
         if min(out_sp) <= 0:
             raise spec.error(f"output would be empty (spatial size {out_sp}) for input {list(x.shape)}")
+        _nonempty(spec, x)
         # the budget, before anything is allocated (absurd pads or kernels ask for gigabytes)
         spec.check_alloc(list(x.shape[:2]) + out_sp, x.dtype)
         for o, k in zip(out_sp, kshape):
@@ -175,7 +178,7 @@ def _pool_factory(spec: NodeSpec, is_max: bool, p: float | None = None):
         if p is not None:
             x5 = np.abs(x5) ** dt.type(p)
         if g["global"] and not want_indices and x5.dtype.kind == "f" and p is None:
-            _global_pool(x5.reshape(-1, x5[0, 0].size), is_max, out.reshape(-1))
+            _global_pool(x5.reshape(x5.shape[0] * x5.shape[1], math.prod(x5.shape[2:])), is_max, out.reshape(-1))
         elif want_indices:
             idx = spec.alloc.empty(out.shape, np.int64)
             _maxpool_indices(x5, *k3, *s3, *d3, pd, ph, pw, storage_order == 1, _lowest(dt), out, idx)
@@ -212,6 +215,13 @@ def make_lp_pool(spec: NodeSpec):
     return _pool_factory(spec, False, float(spec.attr("p", 2)))
 
 
+def _nonempty(spec: NodeSpec, x: np.ndarray) -> None:
+    """Raise unless ``x`` has elements or a zero batch (an empty window has no result; onnxruntime
+    pools no other zero-size input either)."""
+    if x.size == 0 and x.shape[0] != 0:
+        raise spec.error(f"cannot pool the zero-size input {list(x.shape)}: only the batch may be 0")
+
+
 def _global_factory(spec: NodeSpec, is_max: bool):
     def run(x):
         if x.ndim < 3:
@@ -220,9 +230,8 @@ def _global_factory(spec: NodeSpec, is_max: bool):
             raise spec.error(f"needs a float input, got {x.dtype}")
         dt = compute_dtype(x.dtype)
         r = x.shape[0] * x.shape[1]
-        xr = np.ascontiguousarray(x, dtype=dt).reshape(r, -1)
-        if xr.shape[1] == 0:
-            raise spec.error("empty spatial dimensions")
+        _nonempty(spec, x)
+        xr = np.ascontiguousarray(x, dtype=dt).reshape(r, int(np.prod(x.shape[2:])))
         out = spec.alloc.empty(r, dt)
         _global_pool(xr, is_max, out)
         y = out.reshape(x.shape[:2] + (1,) * (x.ndim - 2))

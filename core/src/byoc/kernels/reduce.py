@@ -3,7 +3,7 @@
 Plain numpy reductions. Float inputs accumulate in float64, integer inputs in int64 (unsigned:
 uint64); the result is cast back to the input's type, as onnx does. ReduceMax/ReduceMin compare
 in the input's type (bool too); an empty reduction gives the identity (0, 1, the lowest or the
-highest value).
+highest value; ReduceMean's is 0, as onnxruntime's).
 
 ``axes`` is an attribute before opset 18 (ReduceSum: before 13) and an optional input after.
 With no axes every axis is reduced, unless ``noop_with_empty_axes=1``: then nothing is, and
@@ -40,7 +40,7 @@ def _sum(x, axes, acc):
 
 
 def _mean(x, axes, acc):
-    s = _sum(x, axes, acc) / math.prod(x.shape[a] for a in axes)
+    s = _sum(x, axes, acc) / max(1, math.prod(x.shape[a] for a in axes))  # empty: 0, as onnxruntime
     return s if acc.kind == "f" else np.trunc(s)  # integers: the quotient truncated, as numpy's mean
 
 

@@ -300,9 +300,9 @@ class _Resizer:
             if any(v < 0 for v in sz):
                 raise spec.error(f"sizes {sz} must not be negative")
             for a, v in zip(axes, sz):
-                if in_shape[a] == 0:
+                if in_shape[a] == 0 and v:
                     raise spec.error(f"cannot resize an empty axis {a} to {v}")
-                full_scale[a] = v / in_shape[a]
+                full_scale[a] = v / in_shape[a] if in_shape[a] else 1.0
                 out_shape[a] = v
             if self.policy != "stretch":
                 picked = [full_scale[a] for a in axes]

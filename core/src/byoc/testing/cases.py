@@ -6,6 +6,9 @@ dilation, group, auto_pad; broadcasting shapes; axes; modes). Every instance is 
 specification allows and byoc's host kernels run, so a target that rejects it does so on
 purpose (its support check names the reason) and a target that accepts it must compute it.
 
+``op_cases(op, zero_dims=p)``: a share ``p`` of the instances has a 0 in some dimension where
+ONNX allows one (batch, channels, K of a product, reduced axes, empty index lists).
+
 :class:`GraphCase` is the common form the kit checks: ONNX nodes, graph inputs with their
 values, initializers, outputs. :meth:`OpCase.graph` makes one; :mod:`byoc.testing.patterns`
 makes one from a composite pattern.
@@ -166,13 +169,15 @@ class Slots:
     """What a caller needs from an instance's input slots.
 
     ``fixed``: slot -> (shape, dtype name) of a value another node produces; ``present`` and
-    ``absent``: optional slots that must (not) be given. Generators honour what they can; the
+    ``absent``: optional slots that must (not) be given; ``zero``: a 0 in some dimension of the
+    drawn (not fixed) shapes, where ONNX allows one. Generators honour what they can; the
     synthesiser rejects instances that do not satisfy the rest.
     """
 
     fixed: Mapping[int, tuple[tuple[int, ...], str]] = field(default_factory=dict)
     present: frozenset[int] = frozenset()
     absent: frozenset[int] = frozenset()
+    zero: bool = False
 
     def satisfied_by(self, case: OpCase) -> bool:
         for i, (shape, dtype) in self.fixed.items():
@@ -191,7 +196,13 @@ NO_SLOTS = Slots()
 def _shape(draw, slots: Slots, i: int, default: st.SearchStrategy) -> tuple[int, ...]:
     if i in slots.fixed:
         return tuple(slots.fixed[i][0])
-    return tuple(draw(default))
+    shape = tuple(draw(default))
+    return _zero(draw, slots, shape or (1,)) if slots.zero else shape
+
+
+def _zero(draw, slots: Slots, shape: Sequence[int], axes: Sequence[int] | None = None) -> tuple[int, ...]:
+    """``shape`` with one of ``axes`` (default: all) set to 0 when ``slots.zero``."""
+    return tuple(draw(bst.zero_side(shape, axes))) if slots.zero else tuple(shape)
 
 
 def _dtype(draw, slots: Slots, i: int, choices: Sequence[str]) -> str:
@@ -401,7 +412,7 @@ def _variadic_gen(op: str, dtypes: Sequence[str]) -> Generator:
         dt = fixed.pop() if fixed else draw(st.sampled_from(list(dtypes)))
         base = next((tuple(slots.fixed[i][0]) for i in sorted(slots.fixed)), None)
         if base is None:
-            base = tuple(draw(bst.shapes(0, 3)))
+            base = _shape(draw, slots, 0, bst.shapes(0, 3))
         shapes_ = [tuple(slots.fixed[i][0]) if i in slots.fixed else draw(bst.broadcast_shape_to(base))
                    for i in range(n)]
         try:
@@ -522,10 +533,13 @@ for _op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "
 @_register("ArgMax", "ArgMin")
 def _argmax(draw, slots: Slots = NO_SLOTS, op: str = "ArgMax") -> OpCase:
     dt = _dtype(draw, slots, 0, ("float32", "int32"))
-    shape = _shape(draw, slots, 0, bst.shapes(1, 4))
+    shape = _shape(draw, replace(slots, zero=False), 0, bst.shapes(1 + slots.zero, 4))
     assume(len(shape) >= 1)
+    ax = draw(bst.axis(len(shape))) if slots.zero else None
+    if slots.zero:  # never along the axis: there is no index of a maximum of nothing
+        shape = _zero(draw, slots, shape, [i for i in range(len(shape)) if i != ax % len(shape)])
     x = _t(draw, dt, shape, grid=True)
-    attrs = {"axis": draw(bst.axis(len(shape))), "keepdims": draw(st.integers(0, 1)),
+    attrs = {"axis": draw(bst.axis(len(shape))) if ax is None else ax, "keepdims": draw(st.integers(0, 1)),
              "select_last_index": draw(st.integers(0, 1))}
     return OpCase(op, [x], attrs)
 
@@ -554,7 +568,7 @@ def _topk(draw, slots: Slots = NO_SLOTS) -> OpCase:
     n = int(np.prod(shape))
     perm = np.asarray(draw(st.permutations(list(range(n)))), dtype=np.float32)
     x = (perm / 8.0 - n / 16.0).reshape(shape)
-    k = np.asarray([draw(st.integers(1, shape[ax]))], dtype=np.int64)
+    k = np.asarray([draw(st.integers(min(1, shape[ax]), shape[ax]))], dtype=np.int64)
     attrs = {"axis": ax, "largest": draw(st.integers(0, 1)), "sorted": 1}
     return OpCase("TopK", [x, k], attrs, const=frozenset({1}), n_outputs=2)
 
@@ -574,9 +588,10 @@ def _matmul(draw, slots: Slots = NO_SLOTS) -> OpCase:
         k = draw(st.integers(1, 6))
         rank_a = draw(st.integers(1, 4))
         batch_a = tuple(draw(bst.shapes(max(0, rank_a - 2), max(0, rank_a - 2), max_side=3)))
-        a_shape = batch_a + ((draw(st.integers(1, 5)),) if rank_a >= 2 else ()) + (k,)
+        a_shape = _zero(draw, slots, batch_a + ((draw(st.integers(1, 5)),) if rank_a >= 2 else ()) + (k,))
+        k, batch_a = a_shape[-1], a_shape[:-2]
     rank_b = draw(st.integers(1, 4))
-    n = draw(st.integers(1, 5))
+    n = draw(st.integers(0 if slots.zero else 1, 5))
     if rank_b == 1:
         b_shape: tuple[int, ...] = (k,)
     else:
@@ -601,9 +616,9 @@ def _gemm(draw, slots: Slots = NO_SLOTS) -> OpCase:
         assume(len(a_shape) == 2)
         m, k = (a_shape[1], a_shape[0]) if trans_a else a_shape
     else:
-        m, k = draw(st.integers(1, 5)), draw(st.integers(1, 6))
+        m, k = _zero(draw, slots, (draw(st.integers(1, 5)), draw(st.integers(1, 6))))
         a_shape = (k, m) if trans_a else (m, k)
-    n = draw(st.integers(1, 5))
+    n = draw(st.integers(0 if slots.zero else 1, 5))
     b_shape = (n, k) if trans_b else (k, n)
     c = None
     if _opt(draw, slots, 2):
@@ -621,7 +636,8 @@ def _gemm(draw, slots: Slots = NO_SLOTS) -> OpCase:
 # -- convolution ----------------------------------------------------------------------------------
 
 
-def _nc_spatial(draw, slots: Slots, min_rank: int = 3, max_rank: int = 5, max_side: int = 7) -> tuple[int, ...]:
+def _nc_spatial(draw, slots: Slots, min_rank: int = 3, max_rank: int = 5, max_side: int = 7,
+                zero_axes: Sequence[int] | None = (0, 1)) -> tuple[int, ...]:
     if 0 in slots.fixed:
         shape = tuple(slots.fixed[0][0])
         assume(min_rank <= len(shape) <= max_rank)
@@ -630,7 +646,7 @@ def _nc_spatial(draw, slots: Slots, min_rank: int = 3, max_rank: int = 5, max_si
     n = draw(st.integers(1, 2))
     c = draw(st.integers(1, 4))
     spatial = tuple(draw(st.integers(1, max_side if rank < 5 else 4)) for _ in range(rank - 2))
-    return (n, c) + spatial
+    return _zero(draw, slots, (n, c) + spatial, zero_axes)
 
 
 @_register("Conv")
@@ -638,7 +654,7 @@ def _conv(draw, slots: Slots = NO_SLOTS) -> OpCase:
     _dtype(draw, slots, 0, F32)
     x_shape = _nc_spatial(draw, slots)
     c = x_shape[1]
-    group = draw(st.sampled_from([g for g in range(1, c + 1) if c % g == 0]))
+    group = draw(st.sampled_from([g for g in range(1, max(c, 1) + 1) if c % g == 0]))
     m = group * draw(st.integers(1, 2 if group > 1 else 4))
     w = draw(bst.conv_attrs(x_shape[2:]))
     w.group = group
@@ -657,7 +673,7 @@ def _conv_transpose(draw, slots: Slots = NO_SLOTS) -> OpCase:
     _dtype(draw, slots, 0, F32)
     x_shape = _nc_spatial(draw, slots, max_side=5)
     c = x_shape[1]
-    group = draw(st.sampled_from([g for g in range(1, c + 1) if c % g == 0]))
+    group = draw(st.sampled_from([g for g in range(1, max(c, 1) + 1) if c % g == 0]))
     m_per = draw(st.integers(1, 2))
     n_sp = len(x_shape) - 2
     kernel = [draw(st.integers(1, 3)) for _ in range(n_sp)]
@@ -689,7 +705,7 @@ def _conv_transpose(draw, slots: Slots = NO_SLOTS) -> OpCase:
 @_register("MaxPool", "AveragePool")
 def _pool(draw, slots: Slots = NO_SLOTS, op: str = "MaxPool") -> OpCase:
     _dtype(draw, slots, 0, F32)
-    x_shape = _nc_spatial(draw, slots)
+    x_shape = _nc_spatial(draw, slots, zero_axes=(0,))  # onnxruntime pools only a zero batch
     w = draw(bst.pool_attrs(x_shape[2:], dilations=True))
     attrs = w.attrs(with_dilations=any(d != 1 for d in w.dilations) or draw(st.booleans()))
     attrs["kernel_shape"] = w.kernel  # required for pooling
@@ -704,7 +720,7 @@ GENERATORS["AveragePool"] = lambda draw, slots=NO_SLOTS: _pool(draw, slots, "Ave
 @_register("GlobalAveragePool", "GlobalMaxPool")
 def _global_pool(draw, slots: Slots = NO_SLOTS, op: str = "GlobalAveragePool") -> OpCase:
     _dtype(draw, slots, 0, F32)
-    return OpCase(op, [_t(draw, "float32", _nc_spatial(draw, slots))])
+    return OpCase(op, [_t(draw, "float32", _nc_spatial(draw, slots, zero_axes=(0,)))])
 
 
 GENERATORS["GlobalMaxPool"] = lambda draw, slots=NO_SLOTS: _global_pool(draw, slots, "GlobalMaxPool")
@@ -716,7 +732,7 @@ GENERATORS["GlobalMaxPool"] = lambda draw, slots=NO_SLOTS: _global_pool(draw, sl
 @_register("BatchNormalization")
 def _batchnorm(draw, slots: Slots = NO_SLOTS) -> OpCase:
     _dtype(draw, slots, 0, F32)
-    x_shape = _nc_spatial(draw, slots, min_rank=2)
+    x_shape = _nc_spatial(draw, slots, min_rank=2, zero_axes=None)
     c = x_shape[1]
     params = [_t(draw, "float32", (c,), 0.25, 2.0), _t(draw, "float32", (c,), -1, 1), _t(draw, "float32", (c,), -1, 1),
               _t(draw, "float32", (c,), 0.25, 2.0)]
@@ -728,7 +744,7 @@ def _batchnorm(draw, slots: Slots = NO_SLOTS) -> OpCase:
 @_register("InstanceNormalization")
 def _instancenorm(draw, slots: Slots = NO_SLOTS) -> OpCase:
     _dtype(draw, slots, 0, F32)
-    x_shape = _nc_spatial(draw, slots)
+    x_shape = _nc_spatial(draw, slots, zero_axes=None)
     c = x_shape[1]
     return OpCase("InstanceNormalization",
                   [_t(draw, "float32", x_shape), _t(draw, "float32", (c,), 0.25, 2.0), _t(draw, "float32", (c,), -1, 1)],
@@ -738,9 +754,10 @@ def _instancenorm(draw, slots: Slots = NO_SLOTS) -> OpCase:
 @_register("LayerNormalization")
 def _layernorm(draw, slots: Slots = NO_SLOTS) -> OpCase:
     _dtype(draw, slots, 0, F32)
-    shape = _shape(draw, slots, 0, bst.shapes(1, 4))
+    shape = _shape(draw, replace(slots, zero=False), 0, bst.shapes(1 + slots.zero, 4))
     assume(len(shape) >= 1)
-    ax = draw(bst.axis(len(shape)))
+    ax = draw(bst.axis(len(shape) - slots.zero))  # onnxruntime normalises no zero-size extent
+    shape = _zero(draw, slots, shape, range(ax % len(shape)))
     norm_shape = shape[ax:] if ax >= 0 else shape[len(shape) + ax:]
     b = _t(draw, "float32", norm_shape, -1, 1) if _opt(draw, slots, 2) else None
     return OpCase("LayerNormalization", [_t(draw, "float32", shape), _t(draw, "float32", norm_shape, 0.25, 2.0), b],
@@ -750,7 +767,7 @@ def _layernorm(draw, slots: Slots = NO_SLOTS) -> OpCase:
 @_register("LRN")
 def _lrn(draw, slots: Slots = NO_SLOTS) -> OpCase:
     _dtype(draw, slots, 0, F32)
-    x_shape = _nc_spatial(draw, slots, min_rank=4, max_rank=4)
+    x_shape = _nc_spatial(draw, slots, min_rank=4, max_rank=4, zero_axes=None)
     attrs = {"size": draw(st.sampled_from([1, 3, 5])), "alpha": draw(st.sampled_from([1e-4, 0.01, 0.5])),
              "beta": draw(st.sampled_from([0.5, 0.75])), "bias": draw(st.sampled_from([1.0, 2.0]))}
     return OpCase("LRN", [_t(draw, "float32", x_shape)], attrs)
@@ -767,7 +784,8 @@ def _concat(draw, slots: Slots = NO_SLOTS) -> OpCase:
     dts = {slots.fixed[i][1] for i in slots.fixed}
     assume(len(dts) <= 1)
     dt = dts.pop() if dts else draw(st.sampled_from(list(_MOVE)))
-    base = next((tuple(slots.fixed[i][0]) for i in sorted(slots.fixed)), None) or tuple(draw(bst.shapes(1, 4)))
+    base = next((tuple(slots.fixed[i][0]) for i in sorted(slots.fixed)), None) or _shape(draw, slots, 0,
+                                                                                        bst.shapes(1, 4))
     assume(len(base) >= 1)
     ax = draw(bst.axis(len(base)))
     shapes_ = []
@@ -777,7 +795,7 @@ def _concat(draw, slots: Slots = NO_SLOTS) -> OpCase:
             assume(len(s) == len(base) and all(a == b for j, (a, b) in enumerate(zip(s, base)) if j != ax % len(base)))
         else:
             s = list(base)
-            s[ax] = draw(st.integers(1, 4))
+            s[ax] = draw(st.integers(0 if slots.zero else 1, 4))
             s = tuple(s)
         shapes_.append(s)
     return OpCase("Concat", [_t(draw, dt, s, grid=dt != "float32") for s in shapes_], {"axis": ax})
@@ -796,6 +814,9 @@ def _reshape(draw, slots: Slots = NO_SLOTS) -> OpCase:
     dt = _dtype(draw, slots, 0, _MOVE)
     shape = _shape(draw, slots, 0, bst.shapes(0, 4))
     total = int(np.prod(shape))
+    if total == 0:  # the sides rearranged; allowzero=1: a 0 is a side, not a copy of the input's
+        return OpCase("Reshape", [_t(draw, dt, shape), _i64(draw(st.permutations(shape)))], {"allowzero": 1},
+                      const=frozenset({1}))
     # split the element count into random factors
     new: list[int] = []
     rest = total
@@ -828,7 +849,7 @@ def _squeeze(draw, slots: Slots = NO_SLOTS) -> OpCase:
     if 0 in slots.fixed:
         shape = tuple(slots.fixed[0][0])
     else:
-        shape = tuple(1 if draw(st.booleans()) else d for d in draw(bst.shapes(1, 5)))
+        shape = _zero(draw, slots, tuple(1 if draw(st.booleans()) else d for d in draw(bst.shapes(1, 5))))
     ones = [i for i, d in enumerate(shape) if d == 1]
     ax = None
     if ones and _opt(draw, slots, 1):
@@ -898,7 +919,8 @@ def _gather(draw, slots: Slots = NO_SLOTS) -> OpCase:
     assume(len(shape) >= 1)
     ax = draw(bst.axis(len(shape)))
     d = shape[ax]
-    idx = draw(hnp.arrays(np.int64, draw(bst.shapes(0, 2, max_side=3)), elements=st.integers(-d, d - 1)))
+    idx_shape = draw(bst.shapes(0, 2, max_side=3, zero_dims=d == 0))  # nothing to index: no indices
+    idx = draw(hnp.arrays(np.int64, idx_shape, elements=st.integers(-d, d - 1) if d else st.just(0)))
     const = frozenset({1}) if draw(st.integers(0, 2)) else frozenset()
     return OpCase("Gather", [_t(draw, dt, shape), idx], {"axis": ax}, const=const)
 
@@ -910,9 +932,9 @@ def _gather_elements(draw, slots: Slots = NO_SLOTS) -> OpCase:
     assume(len(shape) >= 1)
     ax = draw(bst.axis(len(shape)))
     d = shape[ax]
-    idx_shape = tuple(draw(st.integers(1, 4)) if i == ax % len(shape) else draw(st.integers(1, s))
+    idx_shape = tuple((draw(st.integers(1, 4)) if d else 0) if i == ax % len(shape) else draw(st.integers(min(1, s), s))
                       for i, s in enumerate(shape))
-    idx = draw(hnp.arrays(np.int64, idx_shape, elements=st.integers(-d, d - 1)))
+    idx = draw(hnp.arrays(np.int64, idx_shape, elements=st.integers(-d, d - 1) if d else st.just(0)))
     return OpCase("GatherElements", [_t(draw, dt, shape), idx], {"axis": ax}, const=frozenset({1}))
 
 
@@ -937,14 +959,15 @@ def _pad(draw, slots: Slots = NO_SLOTS) -> OpCase:
     dt = _dtype(draw, slots, 0, ("float32", "int32"))
     shape = _shape(draw, slots, 0, bst.shapes(1, 4, max_side=5))
     assume(len(shape) >= 1)
-    mode = draw(st.sampled_from(["constant", "constant", "reflect", "edge", "wrap"]))
+    # onnxruntime cannot wrap a zero-size input ("Unexpected mode"), although ONNX allows it
+    mode = draw(st.sampled_from(["constant", "constant", "reflect", "edge"] + ["wrap"] * (not slots.zero)))
     use_axes = _opt(draw, slots, 3)
     picked = draw(bst.axes(len(shape), negative=False)) if use_axes else list(range(len(shape)))
     begins, ends = [], []
     for a in picked:
         d = shape[a]
         # reflect needs pads < dim; a negative pad crops (constant mode only)
-        hi = d - 1 if mode == "reflect" else 2
+        hi = d - 1 if mode == "reflect" else 2 if d or mode == "constant" else 0
         lo = -1 if mode == "constant" and d > 1 else 0
         begins.append(draw(st.integers(lo, max(lo, hi))))
         ends.append(draw(st.integers(lo, max(lo, hi))))
@@ -1011,7 +1034,7 @@ def _size(draw, slots: Slots = NO_SLOTS) -> OpCase:
 @_register("Resize")
 def _resize(draw, slots: Slots = NO_SLOTS) -> OpCase:
     _dtype(draw, slots, 0, F32)
-    x_shape = _nc_spatial(draw, slots, min_rank=4, max_rank=4, max_side=5)
+    x_shape = _nc_spatial(draw, slots, min_rank=4, max_rank=4, max_side=5, zero_axes=None)
     mode = draw(st.sampled_from(["nearest", "linear", "cubic"]))
     coord = draw(st.sampled_from(["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"]))
     attrs: dict[str, Any] = {"mode": mode, "coordinate_transformation_mode": coord}
@@ -1020,9 +1043,9 @@ def _resize(draw, slots: Slots = NO_SLOTS) -> OpCase:
     if draw(st.booleans()):
         scales = np.asarray([1.0, 1.0] + [draw(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0])) for _ in range(2)],
                             dtype=np.float32)
-        assume(all(int(np.floor(d * s)) >= 1 for d, s in zip(x_shape, scales)))
+        assume(all(int(np.floor(d * s)) >= min(d, 1) for d, s in zip(x_shape, scales)))
         return OpCase("Resize", [_t(draw, "float32", x_shape), None, scales], attrs, const=frozenset({1, 2}))
-    sizes = _i64(list(x_shape[:2]) + [draw(st.integers(1, 8)) for _ in range(2)])
+    sizes = _i64(list(x_shape[:2]) + [draw(st.integers(1, 8)) if d else 0 for d in x_shape[2:]])  # 0 stays 0
     return OpCase("Resize", [_t(draw, "float32", x_shape), None, None, sizes], attrs, const=frozenset({1, 2, 3}))
 
 
@@ -1044,7 +1067,8 @@ _EINSUM = ("ij,jk->ik", "bij,bjk->bik", "ij->ji", "ij->i", "i,i->", "ij,ij->ij",
 def _einsum(draw, slots: Slots = NO_SLOTS) -> OpCase:
     eq = draw(st.sampled_from(_EINSUM))
     lhs = eq.split("->")[0].split(",")
-    sizes = {c: draw(st.integers(1, 4)) for c in sorted(set("".join(lhs)))}
+    letters = sorted(set("".join(lhs)))
+    sizes = dict(zip(letters, _zero(draw, slots, [draw(st.integers(1, 4)) for _ in letters])))
     if 0 in slots.fixed:
         fixed = tuple(slots.fixed[0][0])
         assume(len(fixed) == len(lhs[0]))
@@ -1075,11 +1099,11 @@ def _unique_rows(rng: np.random.Generator, count: int, dims: Sequence[int]) -> n
 def _scatter_elements(draw, slots: Slots = NO_SLOTS) -> OpCase:
     dt = _dtype(draw, slots, 0, ("float32", "int64"))
     shape = _shape(draw, slots, 0, bst.shapes(1, 3))
-    assume(len(shape) >= 1 and min(shape) >= 1)
+    assume(len(shape) >= 1)
     ax = draw(bst.axis(len(shape)))
     a = ax % len(shape)
-    k = draw(st.integers(1, shape[a]))
-    idx_shape = tuple(k if i == a else draw(st.integers(1, d)) for i, d in enumerate(shape))
+    k = draw(st.integers(min(1, shape[a]), shape[a]))
+    idx_shape = tuple(k if i == a else draw(st.integers(min(1, d), d)) for i, d in enumerate(shape))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     # distinct targets along the axis: the order of duplicate writes is not what is tested
     perm = np.argsort(rng.random(idx_shape[:a] + (shape[a],) + idx_shape[a + 1:]), axis=a)
@@ -1097,7 +1121,7 @@ def _scatter_nd(draw, slots: Slots = NO_SLOTS) -> OpCase:
     shape = _shape(draw, slots, 0, bst.shapes(1, 3))
     assume(len(shape) >= 1)
     q = draw(st.integers(1, len(shape)))
-    n = draw(st.integers(1, int(np.prod(shape[:q]))))
+    n = draw(st.integers(min(1, int(np.prod(shape[:q]))), int(np.prod(shape[:q]))))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     idx = _unique_rows(rng, n, shape[:q])
     updates = _t(draw, dt, (n,) + tuple(shape[q:]))
@@ -1120,6 +1144,8 @@ def _range(draw, slots: Slots = NO_SLOTS) -> OpCase:
     start = draw(st.integers(-5, 5))
     delta = draw(st.sampled_from([1, 2, 3, -1, -2]))
     limit = start + delta * draw(st.integers(0, 8)) + (draw(st.integers(0, abs(delta) - 1)) if abs(delta) > 1 else 0)
+    if slots.zero:  # no element: the limit at or behind the start
+        limit = start - delta * draw(st.integers(0, 3))
     vals = [np.asarray(v, dtype=dt) for v in (start, limit, delta)]
     if dt == "float32":
         vals = [np.asarray(float(v) * 0.5, dtype=dt) for v in vals]
@@ -1157,10 +1183,12 @@ def supported_op_types() -> list[str]:
     return sorted(GENERATORS)
 
 
-def op_cases(op_type: str, slots: Slots = NO_SLOTS) -> st.SearchStrategy[OpCase] | None:
+def op_cases(op_type: str, slots: Slots = NO_SLOTS, *, zero_dims: float = 0.0) -> st.SearchStrategy[OpCase] | None:
     """A strategy of valid :class:`OpCase` instances of ``op_type`` (``None``: no generator).
 
     Instances satisfy ``slots`` (fixed input shapes/dtypes, present/absent optional inputs).
+    ``zero_dims``: the share of instances (about; 1.0: all) drawn with ``Slots.zero``, a 0 in some
+    dimension where ONNX allows one (batch, channels, K of a product, reduced axes, ...).
     """
     gen = GENERATORS.get(op_type)
     if gen is None:
@@ -1168,7 +1196,8 @@ def op_cases(op_type: str, slots: Slots = NO_SLOTS) -> st.SearchStrategy[OpCase]
 
     @st.composite
     def cases(draw) -> OpCase:
-        case = gen(draw, slots)
+        zero = zero_dims >= 1 or zero_dims > 0 and draw(st.integers(0, 99)) >= 100 * (1 - zero_dims)
+        case = gen(draw, replace(slots, zero=True) if zero else slots)
         if slots is not NO_SLOTS:
             assume(slots.satisfied_by(case))
         return case

@@ -70,6 +70,10 @@ class Requirements:
     float_range: float | None = None
     #: random calibration samples the kit generates for a ``needs_calibration`` target
     calibration_samples: int = 8
+    #: the share of operator instances drawn with a 0 in some dimension (batch, channels, K of a
+    #: product, reduced axes, ...: :func:`byoc.testing.cases.op_cases`); the target computes them
+    #: or its support check refuses them (the host runs them). 0: none
+    zero_dims: float = 0.2
 
     # capabilities: True = open (checked), False = closed (skipped with ``reasons[name]``)
     registration: bool = True

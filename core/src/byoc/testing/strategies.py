@@ -10,8 +10,8 @@ Building blocks of the conformance kit, public so a vendor can write properties 
 
 * :func:`tensors`: arrays of any ONNX-relevant dtype with bounded, finite values (or a grid of
   values exact in float16, for operators that are discontinuous);
-* :func:`shapes`, :func:`broadcast_shape_to` (a shape that broadcasts with a given one, both
-  directions), :func:`axes`, :func:`permutations`;
+* :func:`shapes` (``zero_dims=True``: with a 0 side, :func:`zero_side`), :func:`broadcast_shape_to`
+  (a shape that broadcasts with a given one, both directions), :func:`axes`, :func:`permutations`;
 * :func:`conv_attrs` and :func:`pool_attrs`: valid kernel/stride/pad/dilation/group/auto_pad
   combinations for a given input shape, asymmetric padding included;
 * random graphs: :mod:`byoc.testing.graphs`; one-operator instances of every operator:
@@ -144,9 +144,21 @@ def seeded_tensors(draw, dtype: Any, shape: Sequence[int], *, lo: float = -4.0, 
     return _fit(values.reshape(shape), dt, lo, hi, grid)
 
 
-def shapes(min_rank: int = 0, max_rank: int = 4, min_side: int = 1, max_side: int = 5) -> st.SearchStrategy:
-    """Shapes (tuples of ints) of rank ``min_rank..max_rank`` with sides ``min_side..max_side``."""
-    return hnp.array_shapes(min_dims=min_rank, max_dims=max_rank, min_side=min_side, max_side=max_side)
+def shapes(min_rank: int = 0, max_rank: int = 4, min_side: int = 1, max_side: int = 5, *,
+           zero_dims: bool = False) -> st.SearchStrategy:
+    """Shapes (tuples of ints) of rank ``min_rank..max_rank`` with sides ``min_side..max_side``;
+    ``zero_dims=True``: rank at least 1 and one side 0 (:func:`zero_side`)."""
+    drawn = hnp.array_shapes(min_dims=max(min_rank, int(zero_dims)), max_dims=max(max_rank, int(zero_dims)),
+                             min_side=min_side, max_side=max_side)
+    return drawn.flatmap(zero_side) if zero_dims else drawn
+
+
+def zero_side(shape: Sequence[int], axes: Sequence[int] | None = None) -> st.SearchStrategy[tuple[int, ...]]:
+    """``shape`` with one of ``axes`` (default: every axis; none: unchanged) set to 0: a zero-size tensor."""
+    shape, axes = tuple(shape), list(range(len(shape)) if axes is None else axes)
+    if not axes:
+        return st.just(shape)
+    return st.sampled_from(axes).map(lambda a: shape[:a] + (0,) + shape[a + 1:])
 
 
 @st.composite
@@ -313,4 +325,5 @@ __all__ = [
     "seeded_tensors",
     "shapes",
     "tensors",
+    "zero_side",
 ]

@@ -140,8 +140,8 @@ def analyze(node: ir.Node, shape_of: ShapeOf, const_of: ConstOf, opset: int,
         raise Unsupported(f"{op}: domain {node.domain!r} is not ONNX")
     if op not in OPERATORS:
         raise Unsupported(f"{op}: no cpu code generator for this operator")
-    # every tensor the generated code touches is float32 with a static shape (the exceptions are
-    # the constant int64 shape/axes operands of Reshape, Squeeze, Unsqueeze and Clip's bounds)
+    # every tensor the generated code touches is float32 with a static shape and elements (the
+    # exceptions are the constant int64 shape/axes operands of Reshape, Squeeze, Unsqueeze and Clip's bounds)
     data_inputs = _data_inputs(node)
     is_data = set(data_inputs)
     for i, v in enumerate(node.inputs):
@@ -153,6 +153,8 @@ def analyze(node: ir.Node, shape_of: ShapeOf, const_of: ConstOf, opset: int,
             s = shape_of(v)
             if s is None or any(d is None for d in s):
                 raise Unsupported(f"{op}: input {v.name!r} has no static shape")
+            if 0 in s:
+                raise Unsupported(f"{op}: input {v.name!r} is empty ({list(s)}): the host runs zero-size tensors")
     shapes = [shape_of(node.inputs[i]) for i in data_inputs]
     for v in node.outputs[1:]:
         if v.uses() or v.is_graph_output():

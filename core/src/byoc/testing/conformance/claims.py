@@ -86,7 +86,7 @@ class ClaimSuites(Runner):
         if not is_supported(op_type, ""):
             r.status, r.message = UNTESTED, "byoc has no host kernel for it (no reference to compare with)"
             return r
-        strategy = op_cases(op_type)
+        strategy = op_cases(op_type, zero_dims=self.req.zero_dims)
         if strategy is None:
             r.status, r.message = UNTESTED, "the kit has no generator for it yet"
             return r

@@ -1,12 +1,12 @@
 """byoc-cpu as the host's CPU executor: the tuned kernels that serve the nodes no target took.
 
 byoc asks :func:`executor`'s ``kernel(spec)`` first for every host node (byoc's reference kernels
-run the ones it declines): convolutions, GEMMs, pooling, elementwise, activation, reduction and
-normalisation kernels that split their work over this package's thread pool
-(:mod:`byoc_cpu.host.threads`). It runs Conv -> Add/Sum -> Relu chains as one step
-(:mod:`byoc_cpu.host.fusion`) and compiles a first run's kernels in helper processes where
-there are cores to spare (:mod:`byoc_cpu.host.jithelpers`). Everything heavy is
-imported on first use.
+run the ones it declines, and the zero-size tensors its kernels hand them): convolutions, GEMMs,
+pooling, elementwise, activation, reduction and normalisation kernels that split their work over
+this package's thread pool (:mod:`byoc_cpu.host.threads`). It runs Conv -> Add/Sum -> Relu chains
+as one step (:mod:`byoc_cpu.host.fusion`) and compiles a first run's kernels in helper processes
+where there are cores to spare (:mod:`byoc_cpu.host.jithelpers`). Everything heavy is imported on
+first use.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ no separate pass initialises the output. Work is split over byoc's thread pool
     vectorisable row update per kernel tap.
 
 ConvTranspose is one GEMM per image and group (``W^T @ X``) followed by a col2im scatter.
+
+A zero-size input or weight (a batch, channels or filters of 0) goes to byoc's reference kernel
+(:func:`byoc_cpu.host.registry.reference`): nothing to compute, its results and errors.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ from byoc_cpu.host.gemm import (
     use_own_gemm,
 )
 from byoc.contract import NodeSpec
-from byoc_cpu.host.registry import kernel
+from byoc_cpu.host.registry import kernel, reference
 from byoc_cpu.tuning import CONV
 
 _U = np.uint64  # unsigned indices: Numba skips negative-index wraparound, so LLVM vectorises
@@ -636,10 +639,11 @@ def make_conv(spec: NodeSpec):
     x_dtype = spec.input_dtypes[0] if spec.input_dtypes else None
     _check_group(spec, w_const, group, 0)
     packed = PackCache(w_const, lambda w, dt: _ConvWeights(w, group, dt))
-    if w_const is not None and w_const.ndim >= 3 and x_dtype is not None:
+    if w_const is not None and w_const.ndim >= 3 and w_const.size and x_dtype is not None:
         packed.get(w_const, compute_dtype(x_dtype))  # lay the constant weights out now, not on the first run
     b_const = spec.const_inputs.get(2)
     geometry: dict = {}
+    ref = reference(spec)
 
     def setup(x, w):
         nd = x.ndim - 2
@@ -660,6 +664,8 @@ def make_conv(spec: NodeSpec):
         out_sp, pb, pe = window_geometry(spec, list(x.shape[2:]), ksz, strides, dil, pads, auto_pad)
         if min(out_sp) <= 0:
             raise spec.error(f"output would be empty (spatial size {out_sp}) for input {list(x.shape)}")
+        # a stride past the padded input gives one window, as any larger one (INT64_MAX would size planes)
+        strides = [min(s, n + b + e + 1) for s, n, b, e in zip(strides, x.shape[2:], pb, pe)]
         g = {
             "nd": nd, "out_sp": out_sp, "k": pad3(ksz, 1), "s": pad3(strides, 1), "d": pad3(dil, 1),
             "pb": pad3(pb, 0), "pe": pad3(pe, 0), "in": pad3(list(x.shape[2:]), 1), "cg": cg, "mg": m // group,
@@ -705,6 +711,8 @@ def make_conv(spec: NodeSpec):
         """Whether ``run(x, w, b, epi=...)`` takes an epilogue: float32 by the blocked kernel's wide
         form, written in place (it applies the epilogue as it stores its tiles)."""
         _float_input(spec, x, "X")
+        if x.size == 0 or w.size == 0:
+            return False
         g = geometry_of(x, w)
         return (x.dtype == np.float32 and g["how"] == "blocked" and g["mb"] == blocked.MB_WIDE
                 and blocked.own_rows(g["out_sp"][-1], g["wq"]))
@@ -727,6 +735,8 @@ def make_conv(spec: NodeSpec):
         done = fast(x, w, b, res, relu, into)
         if done is not None:
             return done
+        if x.size == 0 or w.size == 0:
+            return ref(x, w, b)
         _float_input(spec, x, "X")
         dt = compute_dtype(x.dtype)
         g = geometry_of(x, w)
@@ -1359,6 +1369,7 @@ def make_conv_transpose(spec: NodeSpec):
     _check_group(spec, w_const, group, 0)
     packed = PackCache(w_const, pack)
     geometry: dict = {}
+    ref = reference(spec)
 
     def setup(x, w):
         nd = x.ndim - 2
@@ -1408,6 +1419,8 @@ def make_conv_transpose(spec: NodeSpec):
         return packed.get(w, dt)
 
     def run(x, w, b=None):
+        if x.size == 0 or w.size == 0:
+            return ref(x, w, b)
         _float_input(spec, x, "X")
         dt = compute_dtype(x.dtype)
         key = (x.shape, w.shape)

@@ -9,7 +9,8 @@ pool. Transposed operands are passed as BLAS flags, never copied. Where OpenBLAS
 reachable (another BLAS under numpy) everything falls back to ``np.dot``/``np.matmul``.
 
 float16/bfloat16 products are computed in float32 and rounded back; integer products use
-numpy's integer matmul (no BLAS).
+numpy's integer matmul (no BLAS). Zero-size operands (a K of 0 included) go to byoc's reference
+kernel (:func:`byoc_cpu.host.registry.reference`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from numba.extending import intrinsic
 from byoc.contract import environment as _env
 from byoc_cpu.host import threads
 from byoc.contract import NodeSpec
-from byoc_cpu.host.registry import kernel
+from byoc_cpu.host.registry import kernel, reference
 from byoc_cpu.tuning import GEMM
 
 # -------------------------------------------------------------------------------------------------
@@ -278,8 +279,11 @@ def make_gemm(spec: NodeSpec):
         return np.ascontiguousarray(bc.T if trans_b else bc)
 
     b_cache = PackCache(b_const if b_const is not None and b_const.ndim == 2 else None, lay_out)
+    ref = reference(spec)
 
     def run(a, b, c=None):
+        if a.size == 0 or b.size == 0:
+            return ref(a, b, c)
         if a.ndim != 2 or b.ndim != 2:
             raise spec.error(f"A and B must be 2-D, got shapes {list(a.shape)} and {list(b.shape)}")
         out_dtype = a.dtype
@@ -354,8 +358,11 @@ def make_matmul(spec: NodeSpec):
     b_const = spec.const_inputs.get(1)
     b_cache = PackCache(b_const if b_const is not None and b_const.ndim == 2 else None,
                         lambda b, dt: np.ascontiguousarray(b, dtype=dt))
+    ref = reference(spec)
 
     def run(a, b):
+        if a.size == 0 or b.size == 0:
+            return ref(a, b)
         out_dtype = a.dtype
         if a.ndim == 0 or b.ndim == 0:
             raise spec.error("MatMul operands must have rank >= 1")

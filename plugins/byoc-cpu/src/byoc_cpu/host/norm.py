@@ -1,7 +1,8 @@
 """byoc-cpu's normalisations: BatchNormalization (inference), LayerNormalization, InstanceNormalization, LRN.
 
 16-bit float inputs are computed in float32 and rounded back; float64 stays float64. Means and
-variances are accumulated in float64.
+variances are accumulated in float64. A zero-size input of BatchNormalization, InstanceNormalization
+or LRN goes to byoc's reference kernel; LayerNormalization refuses an empty normalised extent.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 from byoc_cpu.host.elementwise import compute_dtype
 from byoc_cpu.host.threads import run_blocks
 from byoc.contract import NodeSpec
-from byoc_cpu.host.registry import kernel
+from byoc_cpu.host.registry import kernel, reference
 
 
 def _over_pool(fn, n: int, size: int) -> None:
@@ -95,11 +96,13 @@ def make_batch_normalization(spec: NodeSpec):
     consts = [spec.const_inputs.get(i) for i in range(1, 5)]
     _check_bn_params(spec, consts)
     x_dtype = spec.input_dtypes[0] if spec.input_dtypes else None
-    pre = None
-    if all(c is not None for c in consts) and x_dtype is not None and compute_dtype(x_dtype).kind == "f":
+    pre, ref = None, reference(spec)
+    if all(c is not None and c.size for c in consts) and x_dtype is not None and compute_dtype(x_dtype).kind == "f":
         pre = (compute_dtype(x_dtype), *_bn_affine(*consts, eps, compute_dtype(x_dtype)))
 
     def run(x, scale, bias, mean, var):
+        if x.size == 0:
+            return ref(x, scale, bias, mean, var)
         dt = _check_float(spec, x)
         if x.ndim < 2:
             raise spec.error(f"X must have rank >= 2, got shape {list(x.shape)}")
@@ -171,6 +174,8 @@ def make_layer_normalization(spec: NodeSpec):
         norm_shape = x.shape[axis:]
         cols = int(np.prod(norm_shape))
         rows = int(np.prod(x.shape[:axis]))
+        if cols == 0:  # as onnxruntime (and byoc's reference): no statistics of nothing
+            raise spec.error(f"X of shape {list(x.shape)} has nothing to normalise from axis {axis_attr}")
 
         def flat(p, name):
             try:
@@ -229,8 +234,11 @@ def _instance_norm(x, scale, bias, eps, out, c0, c1):
 @kernel("InstanceNormalization")
 def make_instance_normalization(spec: NodeSpec):
     eps = float(spec.attr("epsilon", 1e-5))
+    ref = reference(spec)
 
     def run(x, scale, bias):
+        if x.size == 0:
+            return ref(x, scale, bias)
         dt = _check_float(spec, x)
         if x.ndim < 3:
             raise spec.error(f"X must have rank >= 3, got shape {list(x.shape)}")
@@ -294,8 +302,11 @@ def make_lrn(spec: NodeSpec):
     alpha = float(spec.attr("alpha", 1e-4))
     beta = float(spec.attr("beta", 0.75))
     bias = float(spec.attr("bias", 1.0))
+    ref = reference(spec)
 
     def run(x):
+        if x.size == 0:
+            return ref(x)
         dt = _check_float(spec, x)
         if x.ndim < 3:
             raise spec.error(f"X must have rank >= 3, got shape {list(x.shape)}")

@@ -1,7 +1,7 @@
 """Pooling on the host: float32 2-D MaxPool and AveragePool on byoc-cpu's flat-plane kernels
 (the ones its generated code calls too), planes split over its pool; byoc's reference kernel
 runs every other case (1-D and 3-D windows, other dtypes, dilated averages, Indices outputs,
-global windows) and checks every attribute.
+global windows, zero-size inputs) and checks every attribute.
 
 Window geometry (strides, pads, dilations, ceil_mode, auto_pad) follows the ONNX operator
 definitions (:func:`byoc.contract.geometry.window_geometry`).
@@ -36,7 +36,7 @@ def _pool_factory(spec: NodeSpec, is_max: bool):
     def setup(x) -> dict | None:
         out_sp, pb, pe = window_geometry(spec, list(x.shape[2:]), kshape, strides, dil, pads, auto_pad, ceil_mode)
         whole = out_sp == [1, 1] and not any(pb) and not any(pe) and dil == [1, 1] and kshape == list(x.shape[2:])
-        if min(out_sp) <= 0 or whole:  # errors and global windows: the reference's
+        if min(out_sp) <= 0 or whole or x.size == 0:  # errors, global windows and zero-size inputs: the reference's
             return None
         spec.check_alloc(list(x.shape[:2]) + out_sp, x.dtype)
         return {"out_sp": out_sp, "pb": pad3(pb, 0), "pe": pad3(pe, 0)}

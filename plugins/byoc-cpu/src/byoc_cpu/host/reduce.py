@@ -488,7 +488,8 @@ def _make_reduce(spec: NodeSpec, op: _Op):
         fn = op.int_fn if (op.int_fn is not None and xc.dtype.kind in "iu") else op.fn
         out = spec.alloc.empty(layout.out_shape, xc.dtype)
         if out.size:
-            args = (xc.reshape(-1), out.reshape(-1), layout.r, layout.inner, init, float(layout.r))
+            # an empty reduction's mean is 0 (as onnxruntime's): divided by 1, not 0
+            args = (xc.reshape(-1), out.reshape(-1), layout.r, layout.inner, init, float(max(layout.r, 1)))
             run_ranges(fn, layout.outer, args, unit_cost=layout.r * layout.inner)
         if is_bool:
             return (out.view(np.bool_),)
