@@ -66,28 +66,128 @@ def test_the_time_limit_holds_inside_onnx(monkeypatch):
     assert time.monotonic() - t0 < 15
 
 
+@bounded.operation("test.echo")
+def _echo(payload: bytes) -> bytes:
+    return payload
+
+
+@bounded.operation("test.raise")
+def _raise(payload: bytes) -> bytes:
+    raise ValueError(payload.decode())
+
+
+@bounded.operation("test.abort")
+def _abort(payload: bytes) -> bytes:
+    os.abort()
+
+
+@bounded.operation("test.sleep")
+def _sleep(payload: bytes) -> bytes:
+    time.sleep(float(payload))
+    return b""
+
+
+@bounded.operation("test.pid")
+def _pid(payload: bytes) -> bytes:
+    return str(os.getpid()).encode()
+
+
 @needs_fork
-def test_a_bounded_call_reports_what_the_child_did():
+def test_a_bounded_call_reports_what_the_helper_did():
     with bounded.time_limit(30):
-        assert bounded.call(lambda: b"result", "step") == b"result"
+        assert bounded.call("test.echo", b"result", "step") == b"result"
+        big = os.urandom(3 << 20)
+        assert bounded.call("test.echo", big, "step") == big
         with pytest.raises(bounded.ChildError, match="boom") as info:
-            bounded.call(lambda: (_ for _ in ()).throw(ValueError("boom")), "step")
+            bounded.call("test.raise", b"boom", "step")
         assert info.value.kind == "ValueError"
         with pytest.raises(bounded.ChildError, match="SIGABRT"):
-            bounded.call(os.abort, "step")
+            bounded.call("test.abort", b"", "step")
+        assert bounded.call("test.echo", b"again", "step") == b"again"  # a new helper
     with bounded.time_limit(0.5), pytest.raises(CompileTimeoutError, match="a sleeping step"):
-        bounded.call(lambda: time.sleep(60) or b"", "a sleeping step")
+        bounded.call("test.sleep", b"60", "a sleeping step")
+    with bounded.time_limit(30):
+        assert bounded.call("test.echo", b"after", "step") == b"after"
 
 
 @needs_fork
-def test_the_child_runs_no_garbage_collection():
-    """A collection in the forked child would run destructors of the parent's garbage: an
-    onnxruntime session in a cycle (a refused run's traceback) then waits for its thread pool's
-    threads, which the child does not have, until the compile's time limit."""
+def test_one_helper_serves_calls_until_it_fails():
+    with bounded.time_limit(30):
+        first = bounded.call("test.pid", b"", "step")
+        assert bounded.call("test.pid", b"", "step") == first != str(os.getpid()).encode()
+        with pytest.raises(bounded.ChildError):
+            bounded.call("test.raise", b"an error in the operation keeps the helper", "step")
+        assert bounded.call("test.pid", b"", "step") == first
+
+
+@needs_fork
+def test_threads_share_the_helper_one_call_at_a_time():
+    from concurrent.futures import ThreadPoolExecutor
+
+    payloads = [os.urandom(n) for n in range(0, 200_000, 5_000)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda p: bounded.call("test.echo", p, "step"), payloads))
+    assert results == payloads
+
+
+@needs_fork
+def test_a_forked_child_uses_a_helper_of_its_own():
+    with bounded.time_limit(30):
+        parents = bounded.call("test.pid", b"", "step")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with bounded.time_limit(30):
+                os.write(w, bounded.call("test.pid", b"", "step"))
+        finally:
+            os._exit(0)
+    os.close(w)
+    childs = os.read(r, 100)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert childs and childs != parents
+    with bounded.time_limit(30):
+        assert bounded.call("test.pid", b"", "step") == parents
+
+
+class _Witness:
+    """Garbage in a reference cycle whose destructor leaves a mark naming the process that ran it."""
+
+    def __init__(self, path):
+        self.path, self.cycle = path, self
+
+    def __del__(self):
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+@bounded.operation("test.collect")
+def _collect(payload: bytes) -> bytes:
     import gc
 
-    with bounded.time_limit(30):
-        assert gc.isenabled() and bounded.call(lambda: str(gc.isenabled()).encode(), "step") == b"False"
+    gc.collect()
+    return str(os.getpid()).encode()
+
+
+@needs_fork
+def test_the_helper_never_collects_the_parents_garbage(tmp_path):
+    """A collection in the helper would run destructors of the parent's garbage: an onnxruntime
+    session in a cycle (a refused run's traceback) would then wait for its thread pool's
+    threads, which the helper does not have, until the compile's time limit."""
+    import gc
+
+    marks = tmp_path / "marks"
+    gc.disable()
+    try:
+        _Witness(marks)  # unreachable, not collected yet
+        bounded._forget_helper()  # a helper forked now, with the garbage in its memory
+        with bounded.time_limit(30):
+            helper = bounded.call("test.collect", b"", "step")
+    finally:
+        gc.enable()
+    gc.collect()
+    assert marks.read_text().split() == [str(os.getpid())] != [helper.decode()]
 
 
 def test_nested_limits_keep_the_earlier_deadline():

@@ -180,7 +180,7 @@ def test_checker_and_converter_never_see_the_weights(monkeypatch):
     weight_bytes = sum(nh.to_array(t).nbytes for t in model.graph.initializer)
     seen = []
     check, convert = onnx.checker.check_model, onnx.version_converter.convert_version
-    monkeypatch.setattr(onnx.checker, "check_model", lambda m, *a, **k: seen.append(m.ByteSize()) or check(m, *a, **k))
+    monkeypatch.setattr(onnx.checker, "check_model", lambda m, *a, **k: seen.append(len(m)) or check(m, *a, **k))
     monkeypatch.setattr(onnx.version_converter, "convert_version",
                         lambda m, v: seen.append(m.ByteSize()) or convert(m, v))
     before = model.SerializeToString()

@@ -1,15 +1,18 @@
 """onnx's checker, version converter and shape inference, run where a time limit can stop them.
 
 These are C++ code that byoc hands an untrusted model to, and some models send them into an
-endless loop (an ``Einsum`` equation with two ellipses in one term) or crash them. On Linux each
-call runs in a forked child process: the parent waits at most until the compile's deadline
-(``Budget.max_compile_seconds``, set by :func:`time_limit`) and then kills the child, so a hang
-costs the user a :class:`~byoc.errors.CompileTimeoutError` naming the step, and a crash an error
-naming the signal, never a hung or dead process. Forking costs about 5 ms. Elsewhere (no
-``fork``, or a platform where forking a threaded process is unsafe) the calls run in-process.
+endless loop (an ``Einsum`` equation with two ellipses in one term) or crash them. On Linux they
+run in a helper process: forked from byoc's process on the first call, it serves requests over a
+pair of pipes. A request names an :func:`operation` (a module-level function registered when
+byoc is imported) and carries bytes, usually a serialised model; the parent waits at most until
+the compile's deadline (``Budget.max_compile_seconds``, set by :func:`time_limit`), then kills
+the helper, so a hang costs the user a :class:`~byoc.errors.CompileTimeoutError` naming the step
+and a crash an error naming the signal, never a hung or dead process. The next call forks a new
+helper. A request costs the model's serialisation and a pipe round trip (well under a
+millisecond for small models); forking per call cost 5-60 ms, growing with the process's memory.
 
-The child receives the model through the fork (nothing is serialised on the way in) and returns
-bytes through a pipe: an error message, or what the call produced.
+Elsewhere (no ``fork``, or a platform where forking a threaded process is unsafe) the
+operations run in-process, unbounded.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import gc
 import os
 import select
 import signal
+import struct
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -32,8 +37,23 @@ _UNSET = -1.0
 #: the monotonic time calls must end by; ``None``: no limit; unset: the default budget's, per call
 _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("byoc_compile_deadline", default=_UNSET)
 
-#: whether calls run in a child process here
+#: whether operations run in a helper process here
 FORKS = hasattr(os, "fork") and sys.platform.startswith("linux")
+
+_REQUEST = struct.Struct("<IQ")  # operation name length, payload length
+_REPLY = struct.Struct("<BQ")  # 0: result, 1: "kind\nmessage"; payload length
+_OPERATIONS: dict[str, Callable[[bytes], bytes]] = {}
+
+
+def operation(name: str) -> Callable[[Callable[[bytes], bytes]], Callable[[bytes], bytes]]:
+    """Register ``fn(payload) -> bytes`` under ``name`` for :func:`call` (at import time, so that
+    the helper, forked later, has it)."""
+
+    def register(fn: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
+        _OPERATIONS[name] = fn
+        return fn
+
+    return register
 
 
 @contextlib.contextmanager
@@ -67,7 +87,7 @@ def check(step: str) -> None:
 
 
 class ChildError(RuntimeError):
-    """``fn`` raised in the child (``kind`` is the exception's type name), or the child died."""
+    """The operation raised in the helper (``kind`` is the exception's type name), or the helper died."""
 
     def __init__(self, message: str, kind: str):
         super().__init__(message)
@@ -75,75 +95,196 @@ class ChildError(RuntimeError):
 
 
 def describe(exc: BaseException) -> str:
-    """``"Type: message"`` of an exception from :func:`call`, wherever ``fn`` ran."""
+    """``"Type: message"`` of an exception from :func:`call`, wherever the operation ran."""
     return f"{exc.kind if isinstance(exc, ChildError) else type(exc).__name__}: {exc}"
 
 
-def call(fn: Callable[[], bytes], step: str) -> bytes:
-    """``fn()``, in a child process where one can be forked.
+def call(name: str, payload: bytes, step: str) -> bytes:
+    """The registered operation ``name`` applied to ``payload``, in the helper where there is one.
 
-    :raises CompileTimeoutError: the deadline passed first (the child is killed).
-    :raises ChildError: ``fn`` raised in the child, or the child died (the signal); in-process,
-        whatever ``fn`` raises.
+    :raises CompileTimeoutError: the deadline passed first (the helper is killed).
+    :raises ChildError: the operation raised in the helper, or the helper died (the signal);
+        in-process, whatever the operation raises.
     """
     check(step)
+    fn = _OPERATIONS[name]
     if not FORKS:
-        return fn()
+        return fn(payload)
     if _deadline.get() == _UNSET:
         with time_limit(DEFAULT_BUDGET.max_compile_seconds):
-            return call(fn, step)
-    r, w = os.pipe()
+            return call(name, payload, step)
+    left = remaining()
+    if not _state.lock.acquire(timeout=-1 if left is None else max(left, 0.0)):
+        raise CompileTimeoutError(f"{step}: waited for another compile's ONNX call past the compile's time limit "
+                                  f"(budget.max_compile_seconds)")
     try:
-        pid = os.fork()
-    except OSError:  # no memory or process slot for a child: run it here, unbounded
-        os.close(r)
-        os.close(w)
-        return fn()
-    if pid == 0:  # the child: never returns into the caller's code
-        code = 0
-        try:
-            os.close(r)
-            faulthandler.disable()  # a crash is the parent's to report, once
-            gc.disable()  # no destructors here: one of the parent's thread pools would wait for its threads forever
+        if _state.helper is None or name not in _state.helper.operations:
+            if _state.helper is not None:
+                _state.helper.stop()
             try:
-                payload = b"0" + fn()
-            except BaseException as exc:
-                kind = type(exc).__name__
-                payload = b"1" + f"{kind}\n{str(exc).strip() or kind}".encode("utf-8", "replace")
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(w, view):]
-        except BaseException:
-            code = 1
+                _state.helper = _Helper.start()
+            except OSError:  # no memory or process slot for a child: run it here, unbounded
+                return fn(payload)
+        try:
+            return _state.helper.request(name, payload, step)
         finally:
-            os._exit(code)
-    os.close(w)
-    try:
-        data = _read_until_deadline(r, pid, step)
+            if not _state.helper.alive:  # timed out or crashed: the next call forks a new one
+                _state.helper = None
     finally:
-        os.close(r)
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-        why = f"signal {signal.Signals(sig).name}" if sig else f"exit status {os.WEXITSTATUS(status)}"
-        raise ChildError(f"crashed on the model ({why})", "crash")
-    if data[:1] == b"1":
-        kind, _, message = data[1:].decode("utf-8", "replace").partition("\n")
-        raise ChildError(message, kind)
-    return data[1:]
+        _state.lock.release()
 
 
-def _read_until_deadline(fd: int, pid: int, step: str) -> bytes:
-    chunks = []
-    while True:
-        left = remaining()
-        ready = select.select([fd], [], [], None if left is None else max(left, 0.0))[0]
-        if not ready:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise CompileTimeoutError(f"{step}: still running when the compile's time limit "
-                                      f"(budget.max_compile_seconds) ran out; the model was refused")
-        chunk = os.read(fd, 1 << 20)
+class _State:
+    def __init__(self) -> None:
+        self.lock, self.helper = threading.Lock(), None
+
+
+_state = _State()
+
+
+def _forget_helper() -> None:
+    """In a forked child: the parent's helper and lock are the parent's (the lock may be held by
+    a thread the child does not have); a child that calls onnx forks a helper of its own."""
+    global _state
+    if _state.helper is not None:
+        _state.helper.abandon()
+    _state = _State()
+
+
+if FORKS:
+    os.register_at_fork(after_in_child=_forget_helper)
+
+
+class _Helper:
+    """The helper process and the parent's ends of its two pipes."""
+
+    def __init__(self, pid: int, requests: int, replies: int, operations: frozenset[str]):
+        self.pid, self.requests, self.replies, self.operations = pid, requests, replies, operations
+        self.alive = True
+
+    @classmethod
+    def start(cls) -> _Helper:
+        request_r, request_w = os.pipe()
+        reply_r, reply_w = os.pipe()
+        parent = os.getpid()
+        try:
+            pid = os.fork()
+        except OSError:
+            for fd in (request_r, request_w, reply_r, reply_w):
+                os.close(fd)
+            raise
+        if pid == 0:  # the helper: serves until the parent goes, never returns into the caller's code
+            code = 0
+            try:
+                os.close(request_w)
+                os.close(reply_r)
+                _serve(request_r, reply_w, parent)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(request_r)
+        os.close(reply_w)
+        return cls(pid, request_w, reply_r, frozenset(_OPERATIONS))
+
+    def request(self, name: str, payload: bytes, step: str) -> bytes:
+        encoded = name.encode()
+        try:
+            _write_all(self.requests, _REQUEST.pack(len(encoded), len(payload)) + encoded)
+            _write_all(self.requests, payload)
+            head = self._read(_REPLY.size, step)
+            status, length = _REPLY.unpack(head) if len(head) == _REPLY.size else (None, 0)
+            data = self._read(length, step) if status is not None else b""
+        except BrokenPipeError:
+            status, data = None, b""
+        if status is None or len(data) < length:
+            raise ChildError(f"crashed on the model ({self.stop()})", "crash")
+        if status == 1:
+            kind, _, message = data.decode("utf-8", "replace").partition("\n")
+            raise ChildError(message, kind)
+        return data
+
+    def _read(self, n: int, step: str) -> bytes:
+        """``n`` bytes of the reply (fewer: the helper died), waiting until the deadline."""
+        chunks, got = [], 0
+        while got < n:
+            left = remaining()
+            if not select.select([self.replies], [], [], None if left is None else max(left, 0.0))[0]:
+                self.stop()
+                raise CompileTimeoutError(f"{step}: still running when the compile's time limit "
+                                          f"(budget.max_compile_seconds) ran out; the model was refused")
+            chunk = os.read(self.replies, min(n - got, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def stop(self) -> str:
+        """Kill and reap the helper; returns how it ended ("signal SIGSEGV", "exit status 1")."""
+        if not self.alive:
+            return "stopped"
+        self.alive = False
+        for fd in (self.requests, self.replies):
+            os.close(fd)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        _, status = os.waitpid(self.pid, 0)
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) != signal.SIGKILL:
+            return f"signal {signal.Signals(os.WTERMSIG(status)).name}"
+        return f"exit status {os.WEXITSTATUS(status)}" if os.WIFEXITED(status) else "killed"
+
+    def abandon(self) -> None:
+        """Close the pipes without touching the process (it is not this process's child)."""
+        if self.alive:
+            self.alive = False
+            for fd in (self.requests, self.replies):
+                os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_exactly(fd: int, n: int, parent: int) -> bytes | None:
+    """``n`` bytes from the parent, or ``None`` once it has gone (end of file, or this process
+    was handed to another parent)."""
+    chunks, got = [], 0
+    while got < n:
+        if not select.select([fd], [], [], 1.0)[0]:
+            if os.getppid() != parent:
+                return None
+            continue
+        chunk = os.read(fd, min(n - got, 1 << 24))
         if not chunk:
-            return b"".join(chunks)
+            return None
         chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _serve(requests: int, replies: int, parent: int) -> None:
+    faulthandler.disable()  # a crash is the parent's to report, once
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it stops the helper
+    # The parent's objects, its unreachable cycles among them, are never collected here: a
+    # collection would run their destructors, and one of the parent's thread pools would wait
+    # for threads this process does not have. What the operations leave is collected as usual.
+    gc.freeze()
+    while True:
+        head = _read_exactly(requests, _REQUEST.size, parent)
+        if head is None:
+            return
+        name_length, length = _REQUEST.unpack(head)
+        name = _read_exactly(requests, name_length, parent)
+        payload = _read_exactly(requests, length, parent)
+        if name is None or payload is None:
+            return
+        try:
+            result, status = _OPERATIONS[name.decode()](payload), 0
+        except Exception as exc:
+            kind = type(exc).__name__
+            result, status = f"{kind}\n{str(exc).strip() or kind}".encode("utf-8", "replace"), 1
+        _write_all(replies, _REPLY.pack(status, len(result)))
+        _write_all(replies, result)

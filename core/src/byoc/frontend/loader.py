@@ -154,6 +154,17 @@ def _default_opset(proto: onnx.ModelProto) -> int | None:
     return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
+@bounded.operation("onnx.check")
+def _check(model: bytes) -> bytes:
+    onnx.checker.check_model(model)
+    return b""
+
+
+@bounded.operation("onnx.convert")
+def _convert(model: bytes) -> bytes:
+    return onnx.version_converter.convert_version(onnx.ModelProto.FromString(model), CANONICAL_OPSET).SerializeToString()
+
+
 def _checker_error(proto: onnx.ModelProto) -> str | None:
     """Run the ONNX checker; returns its complaint, or ``None`` when it accepts the model."""
     if proto.ByteSize() > _PROTOBUF_LIMIT:
@@ -163,12 +174,8 @@ def _checker_error(proto: onnx.ModelProto) -> str | None:
             stacklevel=4,
         )
         return None
-    def check() -> bytes:
-        onnx.checker.check_model(proto)
-        return b""
-
     try:
-        bounded.call(check, "the ONNX checker")
+        bounded.call("onnx.check", proto.SerializeToString(), "the ONNX checker")
     except ByocError:
         raise
     except Exception as exc:  # ValidationError, and whatever the C++ side raises
@@ -200,11 +207,9 @@ def _try_convert(proto: onnx.ModelProto, budget: Budget) -> tuple[onnx.ModelProt
     """Convert the default domain to :data:`CANONICAL_OPSET`: ``(converted, "")`` or ``(None, why)``."""
     if proto.ByteSize() > _PROTOBUF_LIMIT:
         return None, "the model is over the 2 GiB the converter can handle"
-    def convert() -> bytes:
-        return onnx.version_converter.convert_version(proto, CANONICAL_OPSET).SerializeToString()
-
     try:
-        converted = onnx.ModelProto.FromString(bounded.call(convert, "the ONNX version converter"))
+        converted = onnx.ModelProto.FromString(
+            bounded.call("onnx.convert", proto.SerializeToString(), "the ONNX version converter"))
     except ByocError:
         raise
     except Exception as exc:  # the converter raises bare RuntimeError/ValueError/IndexError

@@ -33,6 +33,5 @@ from byoc.kernels import (  # noqa: E402,F401  isort: skip
     attention,
 )
 
-from byoc.kernels.conv import im2col  # noqa: E402  the flat 2-D patch matrix, for plugins
 
-__all__ = ["PLAN_OPERATORS", "im2col", "NodeSpec", "get_factory", "is_supported", "kernel", "make_kernel", "supported_ops"]
+__all__ = ["PLAN_OPERATORS", "NodeSpec", "get_factory", "is_supported", "kernel", "make_kernel", "supported_ops"]

@@ -7,15 +7,13 @@ and multiplies it by the weight matrix (numpy's BLAS product); a 1x1 convolution
 reads its input as the patch matrix, and a grouped convolution with few channels per group
 (depthwise) adds one kernel tap at a time over the whole batch instead. ConvTranspose is the
 transposed product followed by one strided add per kernel tap. 16-bit floats are computed in
-float32. Nothing here is compiled, so a first run starts at once; :func:`im2col` (a Numba loop
-on flat buffers) is for plugins that keep tensors that way.
+float32. Nothing here is compiled, so a first run starts at once.
 """
 
 from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
 from byoc.contract.geometry import auto_pad_mode, canon5, int_list, pad3, window_geometry
@@ -31,43 +29,6 @@ def check_geometry(spec: NodeSpec, x: np.ndarray, m: int, g: dict) -> None:
     spec.check_alloc([x.shape[0], m, *g["out_sp"]], x.dtype)
     taps = int(np.prod(g["k"], dtype=np.int64))
     spec.check_alloc([g["cg"], taps, *g["out_sp"]], x.dtype)
-
-
-@numba.njit(cache=True, nogil=True)
-def valid_range(o_n, s, off, n):
-    """Outputs ``o`` in ``[0, o_n)`` whose input index ``o*s + off`` lies in ``[0, n)``."""
-    lo = 0
-    if off < 0:
-        lo = (-off + s - 1) // s
-    hi = 0
-    if n - 1 - off >= 0:
-        hi = (n - 1 - off) // s + 1
-    hi = min(hi, o_n)
-    return min(lo, hi), hi
-
-
-@numba.njit(cache=True, nogil=True)
-def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co):
-    """2-D patch matrix of output rows ``[r0, r1)`` of one image on flat buffers: ``x[xo:]``
-    holds ``(c, h, w)``; ``col[co:]`` receives ``(c*kh*kw, (r1-r0)*ow)``, row ``(ci*kh + b)*kw
-    + e``. Public: plugins that keep tensors in flat buffers call it."""
-    n_out = (r1 - r0) * ow
-    for ci in range(c):
-        for b in range(kh):
-            for e in range(kw):
-                row = co + ((ci * kh + b) * kw + e) * n_out
-                lo, hi = valid_range(ow, sw, e * dw - pl, w)
-                for i in range(r0, r1):
-                    ih = i * sh - pt + b * dh
-                    dst = row + (i - r0) * ow
-                    if ih < 0 or ih >= h:
-                        col[dst:dst + ow] = 0
-                        continue
-                    src = xo + (ci * h + ih) * w + e * dw - pl
-                    col[dst:dst + lo] = 0
-                    for j in range(lo, hi):
-                        col[dst + j] = x[src + j * sw]
-                    col[dst + hi:dst + ow] = 0
 
 
 def _padded(spec: NodeSpec, x5: np.ndarray, pb, size) -> np.ndarray:

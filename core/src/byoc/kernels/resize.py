@@ -6,10 +6,9 @@ the tables axis by axis. Modes:
 
 * ``nearest``: one tap per output position; the copy runs in :func:`byoc.kernels.tensor.gather_nd`
   (exact for every dtype).
-* ``linear`` / ``cubic`` (optionally ``antialias``, ``exclude_outside``): Numba kernels. When the
-  last two axes are resized (NCHW images) one fused 2-D kernel does both; other axes run through a
-  1-D kernel first. Float16 computes in float32, integer types in float64 (rounded half to even
-  and saturated on the way back, as the ONNX reference does).
+* ``linear`` / ``cubic`` (optionally ``antialias``, ``exclude_outside``): one weighted sum of
+  gathered slices per tap, axis by axis. Float16 computes in float32, integer types in float64
+  (rounded half to even and saturated on the way back, as the ONNX reference does).
 
 Coordinate transformation modes: half_pixel, half_pixel_symmetric, pytorch_half_pixel,
 align_corners, asymmetric, tf_half_pixel_for_nn and tf_crop_and_resize (positions outside the
@@ -23,9 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numba
 import numpy as np
-from numba import prange
 
 from byoc.budget import DEFAULT_BUDGET, Alloc
 from byoc.errors import ByocError
@@ -46,61 +43,18 @@ _NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 _POLICIES = ("stretch", "not_larger", "not_smaller")
 
 
-# ---------------------------------------------------------------------------------------------
-# Numba kernels
-
-
-@numba.njit(cache=True, parallel=True)
-def _resample_axis(x, idx, w, out):  # pragma: no cover - numba
-    """``out[o, j, :] = sum_t w[j, t] * x[o, idx[j, t], :]`` for x (outer, n_in, inner)."""
-    outer, n_out, inner = out.shape
-    taps = idx.shape[1]
-    for p in prange(outer * n_out):
-        o = p // n_out
-        j = p - o * n_out
-        for k in range(inner):
-            out[o, j, k] = 0
-        for t in range(taps):
-            wt = w[j, t]
-            if wt != 0:
-                i = idx[j, t]
-                for k in range(inner):
-                    out[o, j, k] += wt * x[o, i, k]
-
-
-@numba.njit(cache=True, parallel=True)
-def _resample_2d(x, ih, wh, iw, ww, out):  # pragma: no cover - numba
-    """Separable 2-D resampling of x (B, H, W) into out (B, OH, OW).
-
-    Each output row first blends its source rows into a buffer of width W, then samples the
-    buffer along W. Rows are split into chunks so that each chunk allocates its buffer once.
-    """
-    nb, oh, ow = out.shape
-    width = x.shape[2]
-    th = ih.shape[1]
-    tw = iw.shape[1]
-    total = nb * oh
-    nchunk = min(total, 256)
-    for c in prange(nchunk):
-        lo = c * total // nchunk
-        hi = (c + 1) * total // nchunk
-        tmp = np.empty(width, dtype=out.dtype)
-        for p in range(lo, hi):
-            b = p // oh
-            i = p - b * oh
-            for k in range(width):
-                tmp[k] = 0
-            for t in range(th):
-                wt = wh[i, t]
-                if wt != 0:
-                    r = ih[i, t]
-                    for k in range(width):
-                        tmp[k] += wt * x[b, r, k]
-            for j in range(ow):
-                acc = tmp[0] * 0
-                for t in range(tw):
-                    acc += ww[j, t] * tmp[iw[j, t]]
-                out[b, i, j] = acc
+def _resample(x: np.ndarray, taps: AxisTaps, w: np.ndarray, alloc: Alloc) -> np.ndarray:
+    """``out[..., j, ...] = sum_t w[j, t] * x[..., idx[j, t], ...]`` along ``taps.axis``; a zero
+    weight adds nothing (not ``0 * inf``)."""
+    shape = list(x.shape)
+    shape[taps.axis] = taps.idx.shape[0]
+    out = alloc.zeros(shape, x.dtype)
+    along = (slice(None),) + (None,) * (x.ndim - taps.axis - 1)
+    for t in range(taps.idx.shape[1]):
+        weight = w[:, t][along]
+        term = weight * np.take(x, taps.idx[:, t], axis=taps.axis)
+        out += np.where(weight != 0, term, 0) if not np.all(w[:, t]) else term
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,28 +340,9 @@ class _Resizer:
             raise spec.error(f"mode {self.mode!r} does not support dtype {dt}")
         spec.check_alloc(x.shape, compute)  # integers are interpolated in float64
         cur = np.ascontiguousarray(x, dtype=compute)
-        r = x.ndim
-        by_axis = {t.axis: t for t in plan.taps}
-        fused = r >= 2 and (r - 2) in by_axis and (r - 1) in by_axis
-        single = [t for t in plan.taps if not (fused and t.axis >= r - 2)]
         # shrink first, so intermediates stay small
-        single.sort(key=lambda t: t.idx.shape[0] / max(plan.in_shape[t.axis], 1))
-        for t in single:
-            shape = list(cur.shape)
-            outer = math.prod(shape[: t.axis])
-            inner = math.prod(shape[t.axis + 1:])
-            shape[t.axis] = t.idx.shape[0]
-            out = spec.alloc.empty((outer, shape[t.axis], inner), compute)
-            _resample_axis(cur.reshape(outer, cur.shape[t.axis], inner), t.idx, t.w.astype(compute), out)
-            cur = out.reshape(shape)
-        if fused:
-            th, tw = by_axis[r - 2], by_axis[r - 1]
-            shape = list(cur.shape[:-2]) + [th.idx.shape[0], tw.idx.shape[0]]
-            nb = math.prod(shape[:-2])
-            out = spec.alloc.empty((nb, shape[-2], shape[-1]), compute)
-            _resample_2d(cur.reshape(nb, cur.shape[-2], cur.shape[-1]), th.idx, th.w.astype(compute),
-                         tw.idx, tw.w.astype(compute), out)
-            cur = out.reshape(shape)
+        for t in sorted(plan.taps, key=lambda t: t.idx.shape[0] / max(plan.in_shape[t.axis], 1)):
+            cur = _resample(cur, t, t.w.astype(compute), spec.alloc)
         for t in plan.taps:
             if t.extrapolate is not None:
                 cur[(slice(None),) * t.axis + (t.extrapolate,)] = self.extrapolation_value

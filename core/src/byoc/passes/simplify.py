@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 
+import onnx
 import onnx_ir as ir
 from onnx_ir.passes import common
 
@@ -17,16 +18,11 @@ def infer_shapes(model: ir.Model, ctx: PassContext) -> bool:
     """ONNX shape inference (with data propagation) filling in value types and shapes.
 
     onnx's inference runs where the compile's time limit can stop it
-    (:mod:`byoc.frontend.bounded`); it returns every value's type, which is merged here.
+    (:mod:`byoc.frontend.bounded`) on the model without its large initializers' data (their
+    types and shapes stay, as inputs); it returns every value's type, which is merged here.
     """
-
-    def infer() -> bytes:
-        common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
-        return json.dumps([{name: _type_of(v) for name, v in ir.convenience.create_value_mapping(g).items()}
-                           for g in model.graphs()]).encode()
-
     try:
-        inferred = json.loads(bounded.call(infer, "ONNX shape inference"))
+        inferred = json.loads(bounded.call("onnx.infer_shapes", _without_large_data(model), "ONNX shape inference"))
     except ByocError:
         raise
     except Exception as exc:  # inference is an aid; kernels do not depend on it
@@ -43,6 +39,48 @@ def infer_shapes(model: ir.Model, ctx: PassContext) -> bool:
                 value.dtype = ir.DataType(dtype)
                 modified = True
     return _ceil_mode_pool_shapes(model) or modified
+
+
+#: initializers with more data than this reach shape inference as typed inputs (data propagation
+#: reads the small ones: shapes, axes, indices)
+_LARGE_INITIALIZER_BYTES = 1024
+
+
+def _without_large_data(model: ir.Model) -> bytes:
+    """The serialised model, its large initializers turned into graph inputs of the same type
+    (the model is as it was afterwards)."""
+    graph = model.graph
+    initializers, inputs = list(graph.initializers.values()), list(graph.inputs)
+    large = [v for v in initializers if v.const_value is not None and v.const_value.nbytes > _LARGE_INITIALIZER_BYTES]
+    if not large:
+        return ir.serde.serialize_model(model).SerializeToString()
+    saved = [(v, v.const_value, v.shape, v.dtype) for v in large]
+    try:
+        for value in large:
+            value.shape = value.shape or value.const_value.shape
+            value.dtype = value.dtype or value.const_value.dtype
+            graph.initializers.pop(value.name)
+            value.const_value = None
+            if value not in inputs:
+                graph.inputs.append(value)
+        return ir.serde.serialize_model(model).SerializeToString()
+    finally:
+        for value, data, shape, dtype in saved:
+            value.const_value, value.shape, value.dtype = data, shape, dtype
+        graph.inputs.clear()
+        graph.inputs.extend(inputs)
+        graph.initializers.clear()
+        for value in initializers:
+            graph.register_initializer(value)
+
+
+@bounded.operation("onnx.infer_shapes")
+def _infer(model: bytes) -> bytes:
+    """Every value's ``(dtype, dims)`` per graph after onnx's inference (runs in the helper)."""
+    inferred = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(
+        onnx.ModelProto.FromString(model), check_type=False, strict_mode=False, data_prop=True))
+    return json.dumps([{name: _type_of(v) for name, v in ir.convenience.create_value_mapping(g).items()}
+                       for g in inferred.graphs()]).encode()
 
 
 def _type_of(value: ir.Value) -> tuple[int | None, list[int | str | None] | None]:

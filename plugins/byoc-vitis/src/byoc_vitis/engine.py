@@ -18,13 +18,48 @@ import numba
 import numpy as np
 from numba import prange
 
-from byoc.kernels import im2col
-
 from byoc_vitis.program import ACT_LEAKY, ACT_RELU, ACT_RELU6, HSIG_BITS, LEAKY_NUM, LEAKY_SHIFT, Program
 
 _jit = numba.njit(cache=True, nogil=True)
 _pjit = numba.njit(cache=True, nogil=True, parallel=True)
 _inline = numba.njit(inline="always")
+
+
+@_jit
+def valid_range(o_n, s, off, n):
+    """Outputs ``o`` in ``[0, o_n)`` whose input index ``o*s + off`` lies in ``[0, n)``."""
+    lo = 0
+    if off < 0:
+        lo = (-off + s - 1) // s
+    hi = 0
+    if n - 1 - off >= 0:
+        hi = (n - 1 - off) // s + 1
+    hi = min(hi, o_n)
+    return min(lo, hi), hi
+
+
+@_jit
+def im2col(x, xo, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, col, co):
+    """2-D patch matrix of output rows ``[r0, r1)`` of one image on flat buffers: ``x[xo:]``
+    holds ``(c, h, w)``; ``col[co:]`` receives ``(c*kh*kw, (r1-r0)*ow)``, row ``(ci*kh + b)*kw
+    + e``."""
+    n_out = (r1 - r0) * ow
+    for ci in range(c):
+        for b in range(kh):
+            for e in range(kw):
+                row = co + ((ci * kh + b) * kw + e) * n_out
+                lo, hi = valid_range(ow, sw, e * dw - pl, w)
+                for i in range(r0, r1):
+                    ih = i * sh - pt + b * dh
+                    dst = row + (i - r0) * ow
+                    if ih < 0 or ih >= h:
+                        col[dst:dst + ow] = 0
+                        continue
+                    src = xo + (ci * h + ih) * w + e * dw - pl
+                    col[dst:dst + lo] = 0
+                    for j in range(lo, hi):
+                        col[dst + j] = x[src + j * sw]
+                    col[dst + hi:dst + ow] = 0
 
 
 @_inline
