@@ -22,6 +22,8 @@ CONFIGS = {
                                      intermediate_size=3072)),
     "bert-small": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                                       intermediate_size=1024)),
+    # a GPT-2-like decoder (causal attention), without its key/value cache
+    "gpt2-small": ("GPT2Config", dict(n_embd=256, n_layer=4, n_head=4, n_positions=1024, use_cache=False)),
 }
 
 
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             self.model = model
 
         def forward(self, input_ids, attention_mask):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
 
     ids = torch.randint(0, config.vocab_size, (1, args.seq))
     mask = torch.ones(1, args.seq, dtype=torch.int64)

@@ -21,7 +21,12 @@ machine the CPU time is the steadier of the two).
     python benchmarks/startup_bench.py --first-run-only # compile + first run with the current cache,
                                                         # and the CPU seconds of each Numba compilation
     python benchmarks/startup_bench.py --cpu-models densenet121,alexnet  # fresh-install cpu rows for these too
+    python benchmarks/startup_bench.py --cold-only --model bert-base.onnx --shape sequence=128 --demo
     python benchmarks/startup_bench.py --json out.json
+
+Fresh-install rows report ``compile_and_first_run`` (what a user waits for: with byoc-cpu a first
+tier answers while its compiled code builds in the background) and ``until_full_speed`` (compile,
+first run and ``CompiledModel.wait()``: until the compiled code serves).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,8 +60,10 @@ w0, c0 = time.perf_counter(), time.process_time()
 import byoc
 from byoc.testing.zoo import load_zoo, zoo_inputs
 w1, c1 = time.perf_counter(), time.process_time()
-model = load_zoo(sys.argv[1]); feeds = zoo_inputs(model)
-targets = [t for t in sys.argv[2].split(",") if t]
+import onnx
+model = onnx.load(sys.argv[1]) if sys.argv[1].endswith(".onnx") else load_zoo(sys.argv[1])
+feeds = zoo_inputs(model, shapes=json.loads(sys.argv[3]))
+targets = None if sys.argv[2] == "default" else [t for t in sys.argv[2].split(",") if t]
 w2, c2 = time.perf_counter(), time.process_time()
 compiled = byoc.compile(model, targets=targets)
 w3, c3 = time.perf_counter(), time.process_time()
@@ -106,9 +114,14 @@ def ort_session(name: str, repeats: int) -> list[float]:
     return _median_pair(samples[1:])
 
 
-def _child(name: str, targets: list[str], env: dict[str, str]) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, name, ",".join(targets)], env=env, check=True,
-                         capture_output=True, text=True)
+#: symbolic dimension sizes of the ``--model`` files' inputs (``--shape``)
+_SHAPES: dict[str, int] = {}
+
+
+def _child(name: str, targets: list[str] | None, env: dict[str, str]) -> dict:
+    """``targets``: ``None`` for byoc's default selection."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, name, "default" if targets is None else ",".join(targets),
+                          json.dumps(_SHAPES)], env=env, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -119,7 +132,7 @@ def _fresh_env(folder: str) -> dict[str, str]:
     return env
 
 
-def fresh_install(name: str, targets: list[str], repeats: int, warm_first: bool, helpers: str | None = None,
+def fresh_install(name: str, targets: list[str] | None, repeats: int, warm_first: bool, helpers: str | None = None,
                   extra_env: dict[str, str] | None = None) -> dict:
     """Compile + first run in new processes with empty caches (optionally filled by ``byoc warmup``);
     ``helpers``: ``BYOC_JIT_HELPERS`` for the run (``None``: the default); ``extra_env``: more
@@ -158,8 +171,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="only compile + first run of ResNet-50 in a new process with the current caches")
     parser.add_argument("--cpu-models", default="", metavar="NAMES",
                         help="comma-separated zoo models with a fresh-install cpu row each too (e.g. densenet121,alexnet)")
+    parser.add_argument("--model", action="append", default=[], metavar="FILE.onnx",
+                        help="fresh-install rows (default targets, host) for this model file too; repeatable "
+                             "(a transformer: benchmarks/export_transformer.py)")
+    parser.add_argument("--shape", action="append", default=[], metavar="DIM=SIZE",
+                        help="a symbolic dimension's size in the --model files' feeds (others are 1), "
+                             "e.g. --shape sequence=128")
+    parser.add_argument("--demo", action="store_true",
+                        help="also time examples/demo.py as a whole in a new process with empty caches")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args(argv)
+    for item in args.shape:
+        dim, _, size = item.partition("=")
+        _SHAPES[dim] = int(size)
 
     results: dict = {}
     if args.first_run_only:
@@ -192,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
                 (r50, "fresh install, cpu", ["cpu"], False, None, None),
                 (r50, "after `byoc warmup`, host", [], True, None, None)]
         cold += [(m, "fresh install, cpu", ["cpu"], False, None, None) for m in args.cpu_models.split(",") if m]
+        for path in args.model:
+            cold += [(path, "fresh install, default targets", None, False, None, None),
+                     (path, "fresh install, host", [], False, None, None)]
         figs: dict[tuple[str, str], list[dict]] = {(m, label): [] for m, label, *_ in cold}
         for _ in range(args.cold_repeats):  # interleaved: one of each per round
             for model, label, targets, warm_first, helpers, extra in cold:
@@ -205,7 +232,17 @@ def main(argv: list[str] | None = None) -> int:
             if "warmup_wall" in runs[0]:
                 fig["warmup_wall"] = statistics.median(r["warmup_wall"] for r in runs)
             rows.append((f"{model} compile + first run, {label}", fig["compile_and_first_run"], None))
+            rows.append((f"{model} until full speed, {label}", fig["until_full_speed"], None))
             results[f"{model} {label}"] = fig
+    if args.demo:
+        with tempfile.TemporaryDirectory(prefix="byoc-startup-") as folder:
+            demo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "demo.py")
+            w, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([sys.executable, demo], env=_fresh_env(folder), check=True, capture_output=True)
+            c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            fig = [time.perf_counter() - w, (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)]
+        rows.append(("examples/demo.py as a whole, fresh install (no pip install)", fig, None))
+        results["demo"] = fig
     print("| step | byoc (wall, cpu) | onnxruntime session |")
     print("|---|---|---|")
     for label, fig, ort in rows:

@@ -29,6 +29,10 @@ class _Compiled:
         self.options = {}
         self.specializer = None
         self.budget = byoc.Budget(max_shape_keys=100)
+        self.runs = []
+
+    def run(self, feeds):
+        self.runs.append(feeds)
 
 
 def test_specialise_compiles_the_base_without_static_targets_then_per_shape():
@@ -66,6 +70,73 @@ def test_twenty_thousand_refused_shapes_keep_bounded_state_and_few_warnings():
     assert sp.describe()["refused_count"] == 20_000
     assert sp.select({"x": np.zeros((20_001, 3), np.float32)}) is base  # recent: remembered, no new count
     assert sp.describe()["refused_count"] == 20_000
+
+
+def _background(compile_shapes, max_specializations=8):
+    static = byoc.Target("fixed", "1", shape_policy="static", max_specializations=max_specializations)
+    return specialise(_relu(), [static], compile_shapes, background=True)
+
+
+def test_a_new_shape_is_served_by_the_base_while_its_specialisation_compiles_in_the_background():
+    import threading
+
+    calls, release = [], threading.Event()
+
+    def compile_shapes(proto, targets, wait=None):
+        calls.append(wait)
+        if len(calls) > 1:  # a specialisation: held until the test lets it go
+            assert threading.current_thread().name == "byoc-specialise"
+            release.wait(30)
+        return _Compiled(proto, targets)
+
+    base = _background(compile_shapes)
+    sp = base.specializer
+    feeds = {"x": np.ones((2, 3), np.float32)}
+    assert sp.select(feeds) is base and sp.describe()["compiling"] == {"x": (2, 3)}
+    sp.start_queued()
+    assert sp.select({"x": np.zeros((2, 3), np.float32)}) is base  # still compiling
+    assert sp.select({"x": np.zeros((7, 3), np.float32)}) is base  # one at a time: not queued
+    feeds["x"][:] = 5  # the caller's arrays are not the background run's
+    release.set()
+    assert sp.wait(30)
+    two = sp.select(feeds)
+    assert two is not base and two.dims == [2, 3] and calls == [None, True]
+    assert len(two.runs) == 1 and two.runs[0]["x"].shape == (2, 3) and (two.runs[0]["x"] == 1).all()
+    assert sp.select({"x": np.zeros((7, 3), np.float32)}) is base  # now queued
+    sp.start_queued()
+    assert sp.wait(30) and sp.select({"x": np.zeros((7, 3), np.float32)}).dims == [7, 3]
+    assert sp.describe()["compiling"] is None and len(sp.cache) == 2
+
+
+def test_a_failed_background_specialisation_is_reported_once_and_the_base_keeps_serving():
+    def compile_shapes(proto, targets, wait=None):
+        if wait:
+            raise RuntimeError("no code for these shapes")
+        return _Compiled(proto, targets)
+
+    base = _background(compile_shapes)
+    sp = base.specializer
+    feeds = {"x": np.zeros((4, 3), np.float32)}
+    with pytest.warns(RuntimeWarning, match="no code for these shapes"):
+        assert sp.select(feeds) is base
+        sp.start_queued()
+        assert sp.wait(30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            assert sp.select(feeds) is base
+            sp.start_queued()
+    assert sp.describe()["failed"] == [{"shapes": {"x": (4, 3)}, "error": "RuntimeError: no code for these shapes"}]
+
+
+def test_background_specialisations_count_against_the_limit():
+    base = _background(lambda proto, targets, wait=None: _Compiled(proto, targets), max_specializations=1)
+    sp = base.specializer
+    assert sp.select({"x": np.zeros((1, 3), np.float32)}) is base
+    assert sp.wait(30) and len(sp.cache) == 1  # wait() starts what was queued
+    with pytest.warns(UserWarning, match="no specialisation"):
+        assert sp.select({"x": np.zeros((2, 3), np.float32)}) is base
+    assert sp.wait(30) and len(sp.cache) == 1
 
 
 def test_symbolic_inputs_are_detected():

@@ -8,8 +8,9 @@ compile (once without those targets, then per concrete shapes on first use).
 
 from __future__ import annotations
 
+
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -199,7 +200,7 @@ def _specialised(proto: onnx.ModelProto, selected: Sequence[Target], options: Ma
               "hook_timeout": settings.hook_timeout,
               "calibrated": settings.calibration is not None and any(t.needs_calibration for t in selected),
               "target_options": {t.name: dict(options[t.name]) for t in selected}}
-    return specialise(proto, selected, shape_compiler(options, settings), recipe)
+    return specialise(proto, selected, shape_compiler(options, settings), recipe, background=not settings.wait)
 
 
 def _check_placement_args(placement: str, measure_budget_s: float | None, host: str | None, wait: Any) -> bool:
@@ -219,9 +220,11 @@ def _check_placement_args(placement: str, measure_budget_s: float | None, host: 
 def shape_compiler(options: Mapping[str, Mapping[str, Any]], settings: "_Settings"):
     """``compile_shapes(proto, targets)``: one compile of a model with concrete input shapes, as
     :func:`byoc.runtime.specialize.specialise` needs it (also used by a loaded bundle)."""
-    def compile_shapes(p: onnx.ModelProto, ts: Sequence[Target]) -> CompiledModel:
+    def compile_shapes(p: onnx.ModelProto, ts: Sequence[Target], wait: bool | None = None) -> CompiledModel:
+        """``wait``: as :func:`compile`'s (``None``: the settings')."""
         return compile_model(_load(p, settings.budget, require_kernels=not ts), ts,
-                             {t.name: dict(options[t.name]) for t in ts}, settings)
+                             {t.name: dict(options[t.name]) for t in ts},
+                             settings if wait is None else replace(settings, wait=wait))
 
     return compile_shapes
 

@@ -93,3 +93,26 @@ def test_wait_true_has_no_first_tier():
 def test_the_reference_alone_has_no_first_tier():
     model, _ = small_net(seed=15)
     assert byoc.compile(model, targets=[], host="reference").tiers is None
+
+
+def test_new_input_shapes_are_served_at_once_and_specialised_in_the_background():
+    """A symbolic model: the base compile (byoc-cpu's host kernels) serves each new batch size
+    while byoc-cpu's specialisation for it compiles on a background thread; then it serves."""
+    from cpu_helpers import make_model
+    from onnx import helper
+
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal(4).astype(np.float32)
+    model = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["r", "k"], ["y"])],
+                       {"x": ("N", 4)}, ["y"], {"k": k})
+    cm = byoc.compile(model, registry=REGISTRY, wait=False)
+    sp = cm.specializer
+    assert sp is not None and sp.background
+    for n in (1, 3, 6):
+        x = rng.standard_normal((n, 4)).astype(np.float32)
+        np.testing.assert_allclose(cm.run({"x": x})["y"], np.maximum(x, 0) * k, rtol=1e-6)
+        assert cm.wait(timeout=600)
+        np.testing.assert_allclose(cm.run({"x": x})["y"], np.maximum(x, 0) * k, rtol=1e-6)
+    data = cm.report_data()["specialisations"]
+    assert [s["shapes"] for s in data["compiled"]] == [{"x": [n, 4]} for n in (1, 3, 6)]
+    assert all(s["nodes"] == {"cpu": 2} for s in data["compiled"]) and data["compiling"] is None

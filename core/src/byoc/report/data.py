@@ -279,8 +279,9 @@ def specialisation_section(compiled: "CompiledModel") -> dict[str, Any] | None:
             by_device[rec.device] = by_device.get(rec.device, 0) + 1
         shapes.append({"shapes": {name: list(dims) for name, dims in key}, "nodes": by_device,
                        "regions": len(cm.regions)})
+    compiling = sp.describe()
     return {"static_targets": [t.name for t in sp.static_targets], "compiled": shapes,
-            "refused": sp.n_refused}
+            "refused": sp.n_refused, "compiling": compiling["compiling"], "failed": compiling["failed"]}
 
 
 def _ms(seconds: float | None) -> str:

@@ -87,6 +87,12 @@ def _specialisation_lines(spec: dict | None) -> list[str]:
         shapes = ", ".join(f"{n}={d}" for n, d in s["shapes"].items())
         placed = ", ".join(f"{dev} {n}" for dev, n in s["nodes"].items())
         lines.append(f"  {shapes}: {s['regions']} region(s); nodes: {placed}")
+    if spec.get("compiling"):
+        shapes = ", ".join(f"{n}={d}" for n, d in spec["compiling"].items())
+        lines.append(f"  {shapes}: compiling in the background (the base compile serves these shapes until then)")
+    for f in spec.get("failed", ()):
+        shapes = ", ".join(f"{n}={d}" for n, d in f["shapes"].items())
+        lines.append(f"  {shapes}: failed in the background ({f['error']}); these shapes run on the base compile")
     return lines
 
 

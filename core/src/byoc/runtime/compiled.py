@@ -104,6 +104,13 @@ class CompiledModel:
             chosen = self.specializer.select(feeds)
             if chosen is not self:
                 return chosen.run(feeds)
+            try:
+                return self._run(feeds)
+            finally:
+                self.specializer.start_queued()  # a specialisation for these shapes, in the background
+        return self._run(feeds)
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         checked = check_feeds(self._plan.input_specs(), feeds, self.budget)
         if self._warm:
             return self._plan.execute(checked)
@@ -128,8 +135,13 @@ class CompiledModel:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the compiled code serves (a first tier answers runs until then, see
-        :mod:`byoc.runtime.tiers`); whether it does now. ``True`` at once without a first tier."""
-        return True if self.tiers is None else self.tiers.wait(timeout)
+        :mod:`byoc.runtime.tiers`) and a specialisation compiling in the background
+        (:mod:`byoc.runtime.specialize`) is done; whether both are now. ``True`` at once without
+        either."""
+        ready = True if self.tiers is None else self.tiers.wait(timeout)
+        if self.specializer is not None:
+            ready = self.specializer.wait(timeout) and ready
+        return ready
 
     def run_batch(self, feeds: Iterable[Mapping[str, np.ndarray]], *, batch_size: int = 1,
                   timeout: float | None = None, cancel: "CancelHandle | None" = None) -> Iterator[dict[str, np.ndarray]]:

@@ -7,6 +7,11 @@ shapes the first time they are seen (``static``: any shapes, up to the target's
 ``max_specializations``; ``buckets``: only the listed shapes) and caches it. Shapes without a
 specialisation run on the shape-agnostic base compile (dynamic targets and the host).
 
+Unless the model was compiled with ``wait=True``, a specialisation compiles on a background
+thread, one at a time: the run that first sees its shapes, and every run of them until the
+specialisation has compiled and run once, is served by the base, so a new shape costs a run on
+the host's kernels, not a compile. With ``wait=True`` the first run of new shapes compiles it.
+
 :func:`specialise` is a wrapper around a single-shape compile that ``byoc.compile`` passes in,
 so this module never imports the compile driver.
 """
@@ -82,8 +87,9 @@ def shape_key(shapes: Mapping[str, Sequence[int]]) -> ShapeKey:
 def specialise(
     proto: onnx.ModelProto,
     targets: Sequence["Target"],
-    compile_shapes: Callable[[onnx.ModelProto, Sequence["Target"]], "CompiledModel"],
+    compile_shapes: Callable[..., "CompiledModel"],
     recipe: dict[str, Any] | None = None,
+    background: bool = False,
 ) -> "CompiledModel":
     """Compile ``proto`` (symbolic input dimensions) once with the ``dynamic`` targets only and
     attach a :class:`Specializer` that compiles for all ``targets`` per concrete input shapes.
@@ -93,13 +99,17 @@ def specialise(
     :param recipe: the compile's settings as plain data (``passes``, ``strict``, ``placement``,
         ``hook_timeout``, ``calibrated``), kept so that a bundle can specialise further shapes
         after loading as this model would (:mod:`byoc.bundle`); ``None``: it cannot be saved.
+    :param background: compile specialisations on a background thread (``compile_shapes`` then
+        takes ``wait=True``: the thread runs the specialisation once before it serves).
     :returns: the base compiled model; its ``run`` picks a specialisation by the feeds' shapes.
     """
     targets = list(targets)
     static = [t for t in targets if t.shape_policy != "dynamic"]
     base = compile_shapes(proto, [t for t in targets if t.shape_policy == "dynamic"])
-    base.specializer = Specializer(base, proto, static, lambda p: compile_shapes(p, targets),
-                                   targets=targets, recipe=recipe)
+    compile_fn = (lambda p: compile_shapes(p, targets, wait=True)) if background else \
+        (lambda p: compile_shapes(p, targets))
+    base.specializer = Specializer(base, proto, static, compile_fn, targets=targets, recipe=recipe,
+                                   background=background)
     base.options["shape_policy"] = {t.name: t.shape_policy for t in targets}
     return base
 
@@ -117,6 +127,7 @@ class Specializer:
         targets: Sequence["Target"] | None = None,
         recipe: dict[str, Any] | None = None,
         cache: dict[ShapeKey, "CompiledModel"] | None = None,
+        background: bool = False,
     ):
         self.base = base
         self.proto = proto
@@ -131,6 +142,14 @@ class Specializer:
         self.refused: OrderedDict[ShapeKey, None] = OrderedDict()
         #: every refusal so far (a shape forgotten and seen again counts again)
         self.n_refused = 0
+        #: compile new shapes on a background thread (see the module's description)
+        self.background = background
+        #: the shapes being specialised in the background, with a copy of their first feeds
+        self._queued: tuple[ShapeKey, dict[str, np.ndarray]] | None = None
+        self._thread: threading.Thread | None = None
+        self._in_flight: ShapeKey | None = None
+        #: shapes whose background compile failed: ``{shapes: "Type: message"}``
+        self.failed: dict[ShapeKey, str] = {}
         self._lock = threading.Lock()
 
     def _allowed(self, key: ShapeKey) -> bool:
@@ -156,12 +175,54 @@ class Specializer:
             if key in self.refused:
                 self.refused.move_to_end(key)
                 return self.base
+            if self.background and (self._in_flight is not None or key in self.failed):
+                return self.base  # one at a time: a later run of these shapes starts theirs
             if not self._allowed(key):
                 self._refuse(key)
+                return self.base
+            if self.background:
+                self._in_flight = key
+                self._queued = (key, {name: np.array(value, copy=True) for name, value in feeds.items()})
                 return self.base
             compiled = self.compile_fn(with_input_shapes(self.proto, dict(key)))
             self.cache[key] = compiled
             return compiled
+
+    def start_queued(self) -> None:
+        """Start the background compile that :meth:`select` queued (after the run it served:
+        that run's answer comes first)."""
+        with self._lock:
+            if self._queued is None:
+                return
+            key, feeds = self._queued
+            self._queued = None
+            self._thread = threading.Thread(target=self._specialise, args=(key, feeds), daemon=True,
+                                            name="byoc-specialise")
+        self._thread.start()
+
+    def _specialise(self, key: ShapeKey, feeds: dict[str, np.ndarray]) -> None:
+        try:
+            compiled = self.compile_fn(with_input_shapes(self.proto, dict(key)))
+            compiled.run(feeds)  # its first run: JIT engines compile or load their code here
+        except BaseException as exc:  # noqa: BLE001 - reported once; the base keeps serving these shapes
+            with self._lock:
+                self.failed[key] = f"{type(exc).__name__}: {exc}"
+                self._in_flight = None
+            warnings.warn(f"byoc: the specialisation for input shapes {dict(key)} failed to compile in the "
+                          f"background ({self.failed[key]}); they keep running on the base compile",
+                          RuntimeWarning, stacklevel=1)
+            return
+        with self._lock:
+            self.cache[key] = compiled
+            self._in_flight = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the background compile in flight, if any; whether none is left."""
+        self.start_queued()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return self._in_flight is None
 
     def _refuse(self, key: ShapeKey) -> None:
         """Remember ``key`` (forgetting the least recently seen beyond the budget's bound) and warn,
@@ -186,4 +247,6 @@ class Specializer:
             "specialisations": [dict(k) for k in self.cache],
             "refused": [dict(k) for k in self.refused],
             "refused_count": self.n_refused,
+            "compiling": None if self._in_flight is None else dict(self._in_flight),
+            "failed": [{"shapes": dict(k), "error": e} for k, e in self.failed.items()],
         }
