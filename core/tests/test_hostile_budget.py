@@ -37,8 +37,6 @@ ALLOWED = {
     ("quant.py", "broadcast_param"): "checked just before (blocks * block_size)",
     ("resize.py", "_source_coords"): "one coordinate per output position; axis_taps checks first",
     ("resize.py", "axis_taps"): "the tap table; checked at the top of axis_taps",
-    ("resize.py", "_resample"): "one tap's slices, the size of the output allocated (checked) just before",
-    ("tensor.py", "_longest_run"): "the length of one index map, checked by gather_nd",
 }
 
 

@@ -52,7 +52,7 @@ def _resample(x: np.ndarray, taps: AxisTaps, w: np.ndarray, alloc: Alloc) -> np.
     along = (slice(None),) + (None,) * (x.ndim - taps.axis - 1)
     for t in range(taps.idx.shape[1]):
         weight = w[:, t][along]
-        term = weight * np.take(x, taps.idx[:, t], axis=taps.axis)
+        term = weight * alloc.take(x, taps.idx[:, t], axis=taps.axis)
         out += np.where(weight != 0, term, 0) if not np.all(w[:, t]) else term
     return out
 

@@ -6,10 +6,8 @@ opset 11 to 25 (the attribute -> input moves of Split/Squeeze/Unsqueeze at 13, P
 Slice at 10 and Shape's start/end at 15 are read from ``spec.opset``).
 
 Pure data movement uses numpy and returns views where it can (kernels never write into their
-inputs, so a view is safe). Pad's index mapping runs in :func:`gather_nd`, a Numba kernel that
-copies elements by per-axis index maps; it is shared with Resize's nearest mode. It works on the
-raw bits (every 1/2/4/8-byte dtype is viewed as an unsigned int of that size), so one compiled
-specialisation per item size serves every dtype.
+inputs, so a view is safe). Pad's index mapping runs in :func:`gather_nd`, which copies
+elements by per-axis index maps; it is shared with Resize's nearest mode.
 
 Every allocation goes through ``spec.alloc`` (:class:`byoc.budget.Alloc`), which checks the size
 against the budget first: ConstantOfShape, Expand, Tile, Range, Pad, Concat and Gather can all be
@@ -20,9 +18,7 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
-from numba import prange
 
 from byoc.budget import DEFAULT_BUDGET, Alloc
 from byoc.kernels.registry import NodeSpec, kernel
@@ -58,105 +54,32 @@ def _axes(spec: NodeSpec, axes, rank: int, what: str = "axes") -> list[int]:
 # ---------------------------------------------------------------------------------------------
 # generic gather by per-axis index maps (Pad, Resize nearest)
 
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-@numba.njit(cache=True, parallel=True)
-def _gather_rows(src, out, lead_shape, lead_div, lead_maps, last_map, k0, k1, fill):  # pragma: no cover - numba
-    """``out[r, k] = src[sum_a lead_maps[a, i_a(r)] + last_map[k]]``, ``fill`` where a map is < 0.
-
-    ``src`` is flat, ``out`` is (rows, last); row ``r`` has the leading indices
-    ``i_a = r // lead_div[a] % lead_shape[a]``. Maps hold element offsets (index * stride) or -1.
-    On ``k0 <= k < k1`` the last map is a contiguous run (``last_map[k0] + k - k0``), copied
-    without per-element lookups.
-    """
-    rows = out.shape[0]
-    last = out.shape[1]
-    nlead = lead_shape.shape[0]
-    for r in prange(rows):
-        base = 0
-        valid = True
-        for a in range(nlead):
-            i = (r // lead_div[a]) % lead_shape[a]
-            m = lead_maps[a, i]
-            if m < 0:
-                valid = False
-            base += m
-        if valid:
-            for k in range(k0):
-                m = last_map[k]
-                out[r, k] = fill if m < 0 else src[base + m]
-            if k1 > k0:
-                start = base + last_map[k0] - k0
-                for k in range(k0, k1):
-                    out[r, k] = src[start + k]
-            for k in range(k1, last):
-                m = last_map[k]
-                out[r, k] = fill if m < 0 else src[base + m]
-        else:
-            for k in range(last):
-                out[r, k] = fill
-
-
-def _longest_run(m: np.ndarray) -> tuple[int, int]:
-    """The longest stretch ``[k0, k1)`` where ``m`` counts up by one and is not negative."""
-    if len(m) == 0:
-        return 0, 0
-    breaks = np.flatnonzero((np.diff(m) != 1) | (m[1:] < 0) | (m[:-1] < 0)) + 1
-    edges = np.concatenate([[0], breaks, [len(m)]])
-    lengths = np.diff(edges)
-    lengths[m[edges[:-1]] < 0] = 0
-    best = int(np.argmax(lengths))
-    return int(edges[best]), int(edges[best] + lengths[best])
-
-
 def gather_nd(x: np.ndarray, maps: list[np.ndarray], fill=0, alloc: Alloc | None = None) -> np.ndarray:
     """Copy ``x`` into a new array by per-axis source index maps.
 
     ``out[i0, i1, ...] = x[maps[0][i0], maps[1][i1], ...]``, or ``fill`` where any map entry is
     negative. ``maps`` has one int64 array per axis of ``x``; the output shape is their lengths.
-    ``alloc`` (the node's budgeted allocator) checks the output and the work arrays.
+    One gather per axis whose map is not the identity, shrinking axes first; ``alloc`` (the
+    node's budgeted allocator) checks each result.
     """
     alloc = alloc or DEFAULT_BUDGET.guard("gather_nd")
     out_shape = tuple(len(m) for m in maps)
     if x.ndim == 0:
         return x.copy()
-    size = math.prod(out_shape)
-    fill_arr = np.asarray(fill).astype(x.dtype)
     alloc.check(out_shape, x.dtype)
-    # per-axis offsets (one int64 per map entry) and the padded table of the leading maps
-    alloc.check_bytes(8 * (sum(out_shape) + (x.ndim - 1) * max(out_shape[:-1] + (1,))), "index maps")
-    if size == 0:
-        return alloc.empty(out_shape, x.dtype)
-    utype = _UINT.get(x.dtype.itemsize) if x.dtype.kind in "biufc" else None
-    if utype is None:  # strings, objects, complex128: numpy fancy indexing, then the fill
-        clipped = [np.clip(m, 0, max(n - 1, 0)) for m, n in zip(maps, x.shape)]
-        if x.size == 0:
-            return alloc.full(out_shape, fill_arr, x.dtype)
-        out = x[np.ix_(*clipped)].copy()
-        for a, m in enumerate(maps):
-            bad = m < 0
-            if bad.any():
-                out[(slice(None),) * a + (bad,)] = fill_arr
-        return out
-    src = np.ascontiguousarray(x).reshape(-1).view(utype)
-    strides = [1] * x.ndim
-    for a in range(x.ndim - 2, -1, -1):
-        strides[a] = strides[a + 1] * x.shape[a + 1]
-    offs = [np.where(m >= 0, m * s, -1).astype(np.int64) for m, s in zip(maps, strides)]
-    lead = offs[:-1]
-    lead_shape = np.array(out_shape[:-1], dtype=np.int64)
-    lead_div = alloc.ones(len(lead_shape), np.int64)
-    for a in range(len(lead_shape) - 2, -1, -1):
-        lead_div[a] = lead_div[a + 1] * lead_shape[a + 1]
-    lead_maps = alloc.zeros((max(len(lead), 1), max([len(m) for m in lead] + [1])), np.int64)
-    for a, m in enumerate(lead):
-        lead_maps[a, : len(m)] = m
-    rows = size // out_shape[-1]
-    out = alloc.empty((rows, out_shape[-1]), utype)
-    k0, k1 = _longest_run(offs[-1])
-    _gather_rows(src, out, lead_shape, lead_div, lead_maps, offs[-1], k0, k1, fill_arr.reshape(1).view(utype)[0])
-    return out.view(x.dtype).reshape(out_shape)
+    fill = np.asarray(fill).astype(x.dtype)
+    if x.size == 0 or 0 in out_shape:  # nothing to read: every element (if any) is the fill
+        return alloc.full(out_shape, fill, x.dtype)
+    out = x
+    for a in sorted(range(x.ndim), key=lambda a: len(maps[a]) / x.shape[a]):
+        m = maps[a]
+        if len(m) == x.shape[a] and (np.diff(m) == 1).all() and (len(m) == 0 or m[0] == 0):
+            continue
+        out = alloc.take(out, np.clip(m, 0, x.shape[a] - 1), axis=a)
+        bad = m < 0
+        if bad.any():
+            out[(slice(None),) * a + (bad,)] = fill
+    return out.copy() if out is x else out
 
 
 # ---------------------------------------------------------------------------------------------
