@@ -141,3 +141,12 @@ def test_background_specialisations_count_against_the_limit():
 
 def test_symbolic_inputs_are_detected():
     assert has_symbolic_inputs(_relu("N")) and not has_symbolic_inputs(_relu(4))
+
+
+def test_assumed_shapes_for_a_preview_take_batch_1_and_256_and_keep_names_alike():
+    graph = h.make_graph([h.make_node("Add", ["a", "b"], ["y"])], "g",
+                         [h.make_tensor_value_info("a", T.FLOAT, ["N", "L", 8]),
+                          h.make_tensor_value_info("b", T.FLOAT, [4, "L", ""])],
+                         [h.make_tensor_value_info("y", T.FLOAT, None)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 21)])
+    assert specialize.assumed_shapes(model) == {"a": (1, 256, 8), "b": (4, 256, 256)}

@@ -50,7 +50,13 @@ from byoc.runtime.isolation import compile_region
 from byoc.runtime.plan import build_plan
 from byoc.runtime.subgraph import HostCallable
 from byoc.runtime.tiers import Tiers
-from byoc.runtime.specialize import has_symbolic_inputs, has_symbolic_ir_inputs, specialise
+from byoc.runtime.specialize import (
+    assumed_shapes,
+    has_symbolic_inputs,
+    has_symbolic_ir_inputs,
+    specialise,
+    with_input_shapes,
+)
 
 
 #: why ``targets=None`` left a target out (``CompiledModel.options["skipped_targets"]``)
@@ -200,7 +206,33 @@ def _specialised(proto: onnx.ModelProto, selected: Sequence[Target], options: Ma
               "hook_timeout": settings.hook_timeout,
               "calibrated": settings.calibration is not None and any(t.needs_calibration for t in selected),
               "target_options": {t.name: dict(options[t.name]) for t in selected}}
-    return specialise(proto, selected, shape_compiler(options, settings), recipe, background=not settings.wait)
+    base = specialise(proto, selected, shape_compiler(options, settings), recipe, background=not settings.wait)
+    base.specializer.preview_fn = lambda: _preview(proto, selected, options, settings)
+    return base
+
+
+def _preview(proto: onnx.ModelProto, selected: Sequence[Target], options: Mapping[str, Mapping[str, Any]],
+             settings: _Settings) -> dict[str, Any]:
+    """Where the targets would place a symbolic model at assumed input shapes (each symbolic
+    dimension 1 on an input's first axis, else 256; dimensions of one name alike): the passes,
+    vendor passes and partitioning of a compile, no code generation. For the report, on demand."""
+    shapes = assumed_shapes(proto)
+    try:
+        ir_model = _load(with_input_shapes(proto, shapes), settings.budget, require_kernels=False)
+        _passes.run_passes(ir_model, settings.passes, budget=settings.budget)
+        ensure_node_names(ir_model.graph)
+        placing = [t for t in selected if not t.needs_calibration]
+        faults = _Faults(strict=False)
+        ir_model = _pre_partition(settings.registry, ir_model, placing, options, faults)
+        records, regions = _partition(ir_model, placing, options, replace(settings, placement="priority"), faults, {})
+    except Exception as exc:  # noqa: BLE001 - a preview: the model's own compile has succeeded
+        return {"shapes": shapes, "error": f"{type(exc).__name__}: {exc}"}
+    nodes: dict[str, int] = {}
+    for rec in records.values():
+        nodes[rec.device] = nodes.get(rec.device, 0) + 1
+    return {"shapes": shapes, "nodes": nodes, "error": None,
+            "regions": [{"name": r.name, "target": r.target, "nodes": len(r.nodes), "first": r.nodes[0].name,
+                         "last": r.nodes[-1].name} for r in regions if r.nodes]}
 
 
 def _check_placement_args(placement: str, measure_budget_s: float | None, host: str | None, wait: Any) -> bool:

@@ -177,3 +177,29 @@ def test_report_of_a_symbolic_model_names_the_static_target_and_each_specialisat
     assert [s["shapes"] for s in data["compiled"]] == [{"x": [2, 4]}, {"x": [3, 4]}]
     assert all(s["nodes"] == {"cpu": 2} and s["regions"] == 1 for s in data["compiled"])
     assert "x=[3, 4]: 1 region(s); nodes: cpu 2" in cm.report()
+
+
+def test_explain_of_a_symbolic_model_previews_byoc_cpus_regions(tmp_path, capsys):
+    """No input shapes given: the report previews where byoc-cpu would place the model at assumed
+    shapes (batch 1, other symbolic dims 256), before any run."""
+    from onnx import TensorProto, save
+
+    from byoc.cli import main
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, "H", "W"])],
+        [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel())])
+    path = tmp_path / "sym.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main(["explain", str(path), "-t", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "Placement at assumed input shapes x=[1, 3, 256, 256]" in out and "nodes: cpu 2" in out
+    assert "cpu_0 -> cpu: 2 node(s), " in out
+    cm = byoc.compile(str(path), registry=REGISTRY, wait=True)
+    preview = cm.report_data()["specialisations"]["preview"]
+    assert preview["nodes"] == {"cpu": 2} and preview["error"] is None
+    assert cm.report_data()["specialisations"]["compiled"] == []  # a preview compiles nothing

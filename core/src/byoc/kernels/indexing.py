@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
 from byoc.kernels.registry import NodeSpec, kernel
@@ -100,22 +99,6 @@ def make_scatter_elements(spec: NodeSpec):
     return run
 
 
-@numba.njit(cache=True)
-def _cumulate_lastaxis(x, exclusive, reverse, prod):
-    rows, n = x.shape
-    out = np.empty_like(x)
-    for r in range(rows):
-        acc = x.dtype.type(1 if prod else 0)
-        for j in range(n):
-            i = n - 1 - j if reverse else j
-            if exclusive:
-                out[r, i] = acc
-            acc = acc * x[r, i] if prod else acc + x[r, i]
-            if not exclusive:
-                out[r, i] = acc
-    return out
-
-
 @kernel("CumSum", "CumProd")
 def make_cumulate(spec: NodeSpec):
     exclusive = bool(spec.attr("exclusive", 0))
@@ -126,10 +109,15 @@ def make_cumulate(spec: NodeSpec):
         ax = int(np.asarray(axis).reshape(()))
         if not -x.ndim <= ax < x.ndim:
             raise spec.error(f"axis {ax} out of range for rank {x.ndim}")
-        moved = np.moveaxis(x, ax, -1)
-        flat = np.ascontiguousarray(moved).reshape(-1 if moved.size else 0, moved.shape[-1] if moved.ndim else 1)
-        out = _cumulate_lastaxis(flat, exclusive, reverse, prod).reshape(moved.shape)
-        return (np.ascontiguousarray(np.moveaxis(out, -1, ax)),)
+        spec.check_alloc(x.shape, x.dtype)
+        y = np.flip(x, ax) if reverse else x
+        acc = (np.cumprod if prod else np.cumsum)(y, axis=ax, dtype=x.dtype)  # in order, in x's dtype
+        if exclusive:
+            out = spec.alloc.full(x.shape, 1 if prod else 0, x.dtype)
+            lead = (slice(None),) * (ax % x.ndim)
+            out[lead + (slice(1, None),)] = acc[lead + (slice(None, -1),)]
+            acc = out
+        return (np.ascontiguousarray(np.flip(acc, ax)) if reverse else acc,)
 
     return run
 

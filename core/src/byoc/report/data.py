@@ -281,7 +281,8 @@ def specialisation_section(compiled: "CompiledModel") -> dict[str, Any] | None:
                        "regions": len(cm.regions)})
     compiling = sp.describe()
     return {"static_targets": [t.name for t in sp.static_targets], "compiled": shapes,
-            "refused": sp.n_refused, "compiling": compiling["compiling"], "failed": compiling["failed"]}
+            "refused": sp.n_refused, "compiling": compiling["compiling"], "failed": compiling["failed"],
+            "preview": sp.preview()}
 
 
 def _ms(seconds: float | None) -> str:

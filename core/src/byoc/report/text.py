@@ -83,6 +83,17 @@ def _specialisation_lines(spec: dict | None) -> list[str]:
                  f"shape; give the shapes (byoc.compile(..., input_shapes=...), --shape NAME=...) to place them now.",
              f"Specialisations compiled: {len(spec['compiled'])}" + (f"; input shapes refused: {spec['refused']}"
                                                                       if spec["refused"] else "")]
+    preview = spec.get("preview")
+    if preview:
+        shapes = ", ".join(f"{n}={list(d)}" for n, d in preview["shapes"].items())
+        if preview["error"]:
+            lines.append(f"Placement at assumed input shapes {shapes}: not available ({preview['error']})")
+        else:
+            placed = ", ".join(f"{dev} {n}" for dev, n in preview["nodes"].items())
+            lines.append(f"Placement at assumed input shapes {shapes} (a preview; each input shape is placed when "
+                         f"first run): {len(preview['regions'])} region(s); nodes: {placed}")
+            lines += [f"  {r['name']} -> {r['target']}: {r['nodes']} node(s), {r['first']} .. {r['last']}"
+                      for r in preview["regions"]]
     for s in spec["compiled"]:
         shapes = ", ".join(f"{n}={d}" for n, d in s["shapes"].items())
         placed = ", ".join(f"{dev} {n}" for dev, n in s["nodes"].items())

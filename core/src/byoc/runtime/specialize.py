@@ -79,6 +79,26 @@ def with_input_shapes(proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
     return out
 
 
+def assumed_shapes(proto: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """Concrete shapes for the symbolic inputs of ``proto``, to preview a placement: a symbolic
+    dimension is 1 on an input's first axis (a batch), else 256; dimensions of one name alike."""
+    inits = {t.name for t in proto.graph.initializer}
+    sizes: dict[str, int] = {}
+    shapes = {}
+    for value in proto.graph.input:
+        if value.name in inits or not value.type.tensor_type.HasField("shape"):
+            continue
+        dims = []
+        for axis, d in enumerate(value.type.tensor_type.shape.dim):
+            if d.HasField("dim_value"):
+                dims.append(d.dim_value)
+            else:
+                dims.append(sizes.setdefault(d.dim_param, 1 if axis == 0 else 256) if d.dim_param else
+                            (1 if axis == 0 else 256))
+        shapes[value.name] = tuple(dims)
+    return shapes
+
+
 def shape_key(shapes: Mapping[str, Sequence[int]]) -> ShapeKey:
     """The cache key of one set of concrete input shapes (input name -> dims)."""
     return tuple(sorted((str(name), tuple(int(d) for d in dims)) for name, dims in shapes.items()))
@@ -150,6 +170,9 @@ class Specializer:
         self._in_flight: ShapeKey | None = None
         #: shapes whose background compile failed: ``{shapes: "Type: message"}``
         self.failed: dict[ShapeKey, str] = {}
+        #: ``preview_fn()``: the placement at assumed shapes, for the report (``None``: none)
+        self.preview_fn: Callable[[], dict[str, Any]] | None = None
+        self._preview: dict[str, Any] | None = None
         self._lock = threading.Lock()
 
     def _allowed(self, key: ShapeKey) -> bool:
@@ -240,6 +263,13 @@ class Specializer:
                 if self.n_refused == MAX_WARNINGS else "")
         warnings.warn(f"no specialisation for input shapes {dict(key)} (targets {names}: {why}); "
                       f"running them without those targets{more}", stacklevel=4)
+
+    def preview(self) -> dict[str, Any] | None:
+        """Where the targets would place the model at assumed input shapes (computed once, on
+        demand; ``None`` without a ``preview_fn``)."""
+        if self._preview is None and self.preview_fn is not None:
+            self._preview = self.preview_fn()
+        return self._preview
 
     def describe(self) -> dict[str, Any]:
         return {
