@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from byoc_vitis import engine, reference
@@ -233,3 +233,51 @@ def test_program_bit_exact(seed):
     want = engine.execute(prog, [x], reference.run_instruction, raw=True)
     np.testing.assert_array_equal(got[0], want[0])
     assert got[0].dtype == np.int8 and got[0].shape == (1, 5)
+
+
+def _patches_by_definition(x, kdims, strides, dils, pads_lo, pads_hi, out_sp, r0, r1):
+    """im2col of one image ``x`` (c, d, h, w) from an explicitly zero-padded copy: row
+    ``((ci*kd + a)*kh + ki)*kw + kj``, column ``(r - r0)*ow + j`` for rows ``r`` of the (OD*OH)
+    row space."""
+    c = x.shape[0]
+    (kd, kh, kw), (sd, sh, sw), (dd, dh, dw), (_, oh, ow) = kdims, strides, dils, out_sp
+    big = np.zeros((c,) + tuple(n + lo + hi + 2 * k * dl for n, lo, hi, k, dl in
+                                zip(x.shape[1:], pads_lo, pads_hi, kdims, dils)), x.dtype)
+    big[:, pads_lo[0]:pads_lo[0] + x.shape[1], pads_lo[1]:pads_lo[1] + x.shape[2],
+        pads_lo[2]:pads_lo[2] + x.shape[3]] = x
+    want = np.empty((c * kd * kh * kw, (r1 - r0) * ow), x.dtype)
+    for ci in range(c):
+        for a in range(kd):
+            for ki in range(kh):
+                for kj in range(kw):
+                    row = ((ci * kd + a) * kh + ki) * kw + kj
+                    for r in range(r0, r1):
+                        z, i = divmod(r, oh)
+                        want[row, (r - r0) * ow:(r - r0 + 1) * ow] = \
+                            big[ci, z * sd + a * dd, i * sh + ki * dh, kj * dw:kj * dw + ow * sw:sw]
+    return want
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=st.integers(1, 4), h=st.integers(1, 9), w=st.integers(1, 9), kh=st.integers(1, 4), kw=st.integers(1, 4),
+       sh=st.integers(1, 3), sw=st.integers(1, 3), dh=st.integers(1, 2), dw=st.integers(1, 2),
+       pt=st.integers(0, 3), pl=st.integers(0, 3), pb=st.integers(0, 3), pr=st.integers(0, 3), data=st.data())
+def test_flat_im2col_matches_its_definition(c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, data):
+    """The engine's 2-D patch builder writes the patch matrix's definition for any geometry and
+    any block of output rows, and nothing outside it."""
+    from byoc_vitis.engine import im2col
+
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    if oh <= 0 or ow <= 0:
+        return
+    r0 = data.draw(st.integers(0, oh - 1))
+    r1 = data.draw(st.integers(r0 + 1, oh))
+    x = np.random.default_rng(0).standard_normal(7 + c * h * w).astype(np.float32)
+    size = c * kh * kw * (r1 - r0) * ow
+    got = np.full(size + 5, np.nan, np.float32)
+    im2col(x, 7, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, r0, r1, got, 3)
+    want = _patches_by_definition(x[7:].reshape(c, 1, h, w), (1, kh, kw), (1, sh, sw), (1, dh, dw), (0, pt, pl),
+                                  (0, pb, pr), (1, oh, ow), r0, r1)
+    assert np.array_equal(got[3:3 + size], want.reshape(-1))
+    assert np.isnan(got[:3]).all() and np.isnan(got[3 + size:]).all()
