@@ -269,6 +269,34 @@ def parse_onnx(data: bytes, name: str, origin: str, budget: Budget, artifact: by
     return model
 
 
+def _weightless(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` for the ONNX checker whose large main-graph initializers are
+    one-element stand-ins of the same type and rank (the checker serialises the model and
+    inspects a tensor's name, type and rank; sizes were checked by byoc's structural checks)."""
+    light = onnx.ModelProto()
+    _copy_fields(proto, light, skip="graph")
+    _copy_fields(proto.graph, light.graph, skip="initializer")
+    for t in proto.graph.initializer:
+        if t.ByteSize() > 4096 and t.HasField("raw_data"):
+            stand_in = light.graph.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
+            validate.one_element_stand_in(stand_in)
+        else:
+            light.graph.initializer.add().CopyFrom(t)
+    return light
+
+
+def _copy_fields(src, dst, skip: str) -> None:
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        if hasattr(value, "extend"):  # a repeated field
+            getattr(dst, field.name).extend(value)
+        elif hasattr(value, "CopyFrom"):  # a message
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
 def check_onnx(proto: onnx.ModelProto, name: str, origin: str, budget: Budget) -> None:
     """What the loader requires of an ONNX member (references to the region's artifact already
     swapped for stand-ins by :func:`byoc.bundle.shared.detach`); ``save`` applies the same
@@ -290,8 +318,9 @@ def check_onnx(proto: onnx.ModelProto, name: str, origin: str, budget: Budget) -
     try:
         # the checker rule the frontend relaxes (inputs/outputs of unknown rank) is relaxed here too:
         # a region's boundary is an intermediate value of the user's model, where unknown rank is legal
-        with shapes_relaxed(proto):
-            onnx.checker.check_model(proto)
+        light = _weightless(proto)
+        with shapes_relaxed(light):
+            onnx.checker.check_model(light)
     except Exception as exc:
         raise fail(f"the ONNX checker rejects it: {str(exc).strip() or type(exc).__name__}") from None
 
