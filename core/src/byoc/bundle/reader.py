@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import re
 import zipfile
 from pathlib import Path
@@ -277,7 +278,7 @@ def _weightless(proto: onnx.ModelProto) -> onnx.ModelProto:
     _copy_fields(proto, light, skip="graph")
     _copy_fields(proto.graph, light.graph, skip="initializer")
     for t in proto.graph.initializer:
-        if t.ByteSize() > 4096 and t.HasField("raw_data"):
+        if t.HasField("raw_data") and validate.raw_nbytes(t.data_type, math.prod(t.dims)) > 4096:
             stand_in = light.graph.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
             validate.one_element_stand_in(stand_in)
         else:
