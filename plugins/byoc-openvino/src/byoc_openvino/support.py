@@ -36,6 +36,11 @@ DEFAULT_OPSET = 21
 #: enclosing graph, which a region's standalone model cannot carry)
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
+#: BitShift as OpenVINO 2026.4 computes it as ONNX does: a uint8 left shift saturates (4 << 7 gives
+#: 255, not 0), and 32/64-bit shifts of values from 2**31 up come back wrong (read as signed)
+BITSHIFT_EXACT = frozenset({("LEFT", ir.DataType.UINT16), ("LEFT", ir.DataType.UINT32),
+                            ("RIGHT", ir.DataType.UINT8), ("RIGHT", ir.DataType.UINT16)})
+
 _lock = threading.Lock()
 #: graph -> (signature, device, {node name: verdict})
 _answers: "weakref.WeakKeyDictionary[ir.Graph, tuple[Any, str, dict[str, Any]]]" = weakref.WeakKeyDictionary()
@@ -211,6 +216,16 @@ def verdict(node: ir.Node, ctx: SupportContext) -> Any:
     for v in list(node.inputs) + list(node.outputs):
         if v is not None and v.type is not None and not isinstance(v.type, ir.TensorType):
             return f"{node.op_type}: {v.name!r} is a {v.type} (OpenVINO regions take tensors only)"
+        if v is not None and v.shape is not None and any(isinstance(d, int) and d == 0 for d in v.shape):
+            # OpenVINO's CPU plugin dies of SIGFPE compiling some of these (a Conv with 0 channels)
+            return (f"{node.op_type}: {v.name!r} is empty ({list(v.shape)}): OpenVINO does not compile zero-size "
+                    "tensors; byoc's host runs them")
+    if node.op_type == "BitShift":
+        direction = node.attributes.get_string("direction", "")
+        dtype = node.inputs[0].dtype if node.inputs and node.inputs[0] is not None else None
+        if (direction, dtype) not in BITSHIFT_EXACT:
+            return (f"BitShift: a {direction} shift of {dtype} differs from ONNX's in OpenVINO (a uint8 left shift "
+                    "saturates; 32/64-bit shifts of values from 2**31 up are read as signed); byoc's host runs it")
     try:
         device = engine.resolve_device(str(ctx.options.get("device", "CPU")))
     except Exception as exc:
