@@ -14,7 +14,9 @@ where installed). Each process compiles once, runs once at a size outside the li
 first run is start-up's business: ``startup_bench.py``), then for each size: the first run at it
 (timed), ``CompiledModel.wait()`` (a specialisation compiling in the background), and the
 median of 3 warm runs. Reported per engine: the total of the 20 first runs and of 20 warm runs,
-and the largest ``first - warm`` over the sizes, beside the allowance ``max(50 ms, 10% of warm)``.
+and the largest ``first - warm`` over the sizes, beside the allowance ``max(50 ms, 10% of warm)``;
+for byoc, at three of the sizes, the symbolic model's warm runs against the model compiled for
+that one shape (``input_shapes=``), interleaved medians of 5.
 
     python benchmarks/shapes_bench.py
     python benchmarks/shapes_bench.py --decoder /tmp/gpt2.onnx --json shapes.json
@@ -125,7 +127,21 @@ def _child(kind: str, path: str, engine: str) -> dict:
             run(feeds)
             warm.append(time.perf_counter() - t)
         rows.append({"size": size, "first": first, "warm": statistics.median(warm)})
-    return {"rows": rows}
+    fixed = []
+    if engine != "onnxruntime":  # the symbolic model's warm runs against the same model compiled for one shape
+        for size in (sizes[0], sizes[len(sizes) // 2], sizes[-1]):
+            feeds = _feeds(kind, size, names)
+            one = byoc.compile(model, targets=[] if engine == "host" else None, wait=True,
+                               input_shapes={name: value.shape for name, value in feeds.items()})
+            one.run(feeds)
+            times = {"symbolic": [], "fixed": []}
+            for _ in range(5):
+                for label, fn in (("symbolic", run), ("fixed", one.run)):
+                    t = time.perf_counter()
+                    fn(feeds)
+                    times[label].append(time.perf_counter() - t)
+            fixed.append({"size": size, **{k: statistics.median(v) for k, v in times.items()}})
+    return {"rows": rows, "fixed": fixed}
 
 
 def _measure(kind: str, path: str, engine: str) -> dict:
@@ -168,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{fig['warm_total']:7.2f} s; worst first - warm {1e3 * (worst['first'] - worst['warm']):8.1f} ms "
                       f"at {worst['size']} (warm {1e3 * worst['warm']:.1f} ms); all within max(50 ms, 10%): "
                       f"{fig['within']}", flush=True)
+                for f in fig["fixed"]:
+                    print(f"{'':21} warm at {f['size']}: symbolic {1e3 * f['symbolic']:.1f} ms, compiled for that "
+                          f"shape {1e3 * f['fixed']:.1f} ms (ratio {f['symbolic'] / f['fixed']:.3f})", flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)
