@@ -134,6 +134,12 @@ def call(name: str, payload: bytes, step: str) -> bytes:
         _state.lock.release()
 
 
+def helper_pid() -> int | None:
+    """The helper process's id, while one runs."""
+    helper = _state.helper
+    return helper.pid if helper is not None and helper.alive else None
+
+
 class _State:
     def __init__(self) -> None:
         self.lock, self.helper = threading.Lock(), None
