@@ -388,19 +388,20 @@ _JUNK = [None, True, 0, -1, 2**70, 1.5, float("nan"), float("inf"), "", "x" * 30
          b"bytes", ("t",), {1, 2}]
 
 
-def _pick(rng: random.Random, good: list, bad: list = _JUNK, p_good: float = 0.6) -> Any:
+def _pick(rng: random.Random, good: list, bad: list = _JUNK, p_good: float = 0.75) -> Any:
     return rng.choice(good) if rng.random() < p_good else rng.choice(bad)
 
 
 def _budget_value(rng: random.Random) -> Any:
-    if rng.random() < 0.2:
+    if rng.random() < 0.1:
         return rng.choice([{}, 5, "budget", byoc.Budget, {"max_tensor_bytes": 1}])
     fields = {}
     for f in ("max_tensor_bytes", "max_total_bytes", "max_nodes", "max_nesting", "max_loop_iterations",
               "max_shape_keys", "max_compile_seconds"):
         if rng.random() < 0.3:
-            fields[f] = rng.choice([0, 1, 7, 64, 1 << 20, 64 << 20, 2**63, -1, 1.5, None, True, float("nan"),
-                                    float("inf"), "1", np.int64(5), 30.0])
+            fields[f] = rng.choice([0, 1, 7, 64, 1 << 20, 64 << 20, 2**63, np.int64(5), 30.0, 2**20, 10**4]
+                                   if rng.random() < 0.7 else
+                                   [-1, 1.5, None, True, float("nan"), float("inf"), "1", np.float32(2)])
     return byoc.Budget(**fields)  # an invalid field: OptionError here, inside the case
 
 
@@ -415,7 +416,7 @@ def _shapes_value(rng: random.Random, symbolic: bool) -> Any:
     bad = [{"x": [-1, 4]}, {"N": 2**40}, {"x": [2**40, 4]}, {"x": [2.5, 4]}, {"nope": 1}, {"x": "a"}, 5,
            {"x": [2]}, {5: 1}, {"x": [2, 4, 1]}, {"N": -3}, {"N": 0}, {"x": [0, 4]}, {"N": "M"}, {"x": ["N", 4]},
            {"x": None}, {"N": 1.0}, {"N": True}, {"x": np.array([2, 4])}, {"": 2}, {"x": [2, 4], "N": 2}]
-    return _pick(rng, good, bad, 0.4)
+    return _pick(rng, good, bad, 0.6)
 
 
 def _target_options(rng: random.Random, tmp: Path) -> Any:
@@ -428,7 +429,7 @@ def _target_options(rng: random.Random, tmp: Path) -> Any:
            {5: {}}, {"cpu": {"native": ["on"]}}, {"cpu": {"x": {"y": [{"z": object()}]}}}, [("cpu", {})],
            {"jetson": {"precision": "fp64"}}, {"jetson": {"workspace": -1}}, {"vitis": {"engine": 5}},
            {"cpu": {"cache_dir": None}}]
-    return _pick(rng, good, bad + _JUNK[:6], 0.4)
+    return _pick(rng, good, bad + _JUNK[:6], 0.6)
 
 
 def _odd_path(rng: random.Random, tmp: Path) -> Any:
@@ -652,6 +653,9 @@ def _damage_file(rng: random.Random, path: Path, outside: Path, fifos: list[Path
             from byoc.partition.placement import machine_fingerprint
 
             target.write_text(json.dumps({machine_fingerprint(): [1e-30, 1e30]}))
+        elif rng.random() < 0.1:
+            with open(target, "wb") as f:  # sparse: a large file outside the folder, costs no disk
+                f.truncate(300 << 20)
         else:
             target.write_bytes(b"x = 1\n")
         os.symlink(target, path)
@@ -762,7 +766,7 @@ def caches_case(rng: random.Random, budget) -> list[str]:
 
     name = rng.choice(["conv_net", "elementwise", "shapes", "batch"])
     mode = rng.choice(["cost", "measure", "cpu"] if HAVE_CPU else ["cost", "measure"])
-    targets = ["cpu"] if HAVE_CPU and (mode == "cpu" or rng.random() < 0.7) else []
+    targets = ["cpu"] if HAVE_CPU and (mode == "cpu" or rng.random() < 0.9) else []
     placement = {"cpu": "priority"}.get(mode, mode)
     applied = _applied(rng, f"seed:{name}", f"mode:{mode}", f"targets:{','.join(targets) or 'host'}")
     model = _seed_bytes(name)
@@ -771,6 +775,7 @@ def caches_case(rng: random.Random, budget) -> list[str]:
         outside = tmp / "outside"
         outside.mkdir(mode=0o700)
         clean_dir, hostile_dir = tmp / "clean", tmp / "hostile"
+        clean_dir.mkdir(mode=0o700)
         feeds = None
         # the clean run fills the folder (and gives the feeds' shapes)
         with _environ(BYOC_CACHE_DIR=str(clean_dir / "byoc"), BYOC_CPU_CACHE=str(clean_dir / "cpu")), _fresh_memos():
