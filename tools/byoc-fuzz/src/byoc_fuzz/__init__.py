@@ -5,7 +5,10 @@ element types, wrong data lengths, missing inputs, cycles, absurd shapes, deep n
 and NUL in names, external-data tricks, attribute damage, bogus opsets) or a byte-level one,
 then compiles the result and, if that succeeds, runs it on small random inputs. Bundle cases
 (damaged options, members and compression) and hostile-plugin cases come from
-:mod:`byoc_fuzz.hostile` (``--kinds model,bundle,plugin``, all by default).
+:mod:`byoc_fuzz.hostile`; feeds cases (hostile ``run``/``run_batch`` feeds), options cases (random
+arguments of ``compile``, ``run``, ``save`` and ``load``) and caches cases (damaged cache files and
+folders in a private temporary folder) from :mod:`byoc_fuzz.inputs`
+(``--kinds model,bundle,plugin,feeds,options,caches``, all by default).
 
 Every case must end in success or a :class:`byoc.ByocError`. Anything else is a finding: an
 exception of a foreign type, a case slower than the time limit (a hang), or one that allocated

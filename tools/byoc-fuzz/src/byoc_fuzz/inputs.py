@@ -638,7 +638,7 @@ def _damage_file(rng: random.Random, path: Path, outside: Path, fifos: list[Path
     """Damage one cache file (or plant one where byoc would read it)."""
     try:
         clean = json.loads(path.read_bytes()) if path.suffix == ".json" and path.is_file() else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # damaged by an earlier mutation of the case
         clean = None
     choice = rng.choice(["content", "content", "content", "symlink_out", "dangling", "fifo", "dir", "unreadable",
                          "empty", "truncate"])
