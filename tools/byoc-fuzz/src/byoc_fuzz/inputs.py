@@ -39,14 +39,11 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import random
 import shutil
-import stat
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
