@@ -181,7 +181,7 @@ def test_the_helper_never_collects_the_parents_garbage(tmp_path):
     gc.disable()
     try:
         _Witness(marks)  # unreachable, not collected yet
-        bounded._forget_helper()  # a helper forked now, with the garbage in its memory
+        bounded.stop_helper()  # the next call forks a helper with the garbage in its memory
         with bounded.time_limit(30):
             helper = bounded.call("test.collect", b"", "step")
     finally:
@@ -206,3 +206,26 @@ def test_nested_limits_keep_the_earlier_deadline():
 def test_budget_fields_are_checked_when_made(field, value):
     with pytest.raises(OptionError, match=field):
         byoc.Budget(**{field: value})
+
+
+@needs_fork
+def test_an_idle_helper_retires_and_the_next_call_forks_another(monkeypatch):
+    """A helper keeps the pages its parent had when it was forked: it exits when idle."""
+    monkeypatch.setattr(bounded, "IDLE_SECONDS", 0.5)
+    bounded.stop_helper()  # the next call forks a helper with the short idle time
+    with bounded.time_limit(30):
+        first = bounded.call("test.pid", b"", "step")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # it exits on its own (a zombie until the next call reaps it)
+        try:
+            with open(f"/proc/{int(first)}/stat") as f:
+                if f.read().split(") ")[1][0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the idle helper did not exit")
+    with bounded.time_limit(30):
+        second = bounded.call("test.pid", b"", "step")
+    assert second != first and bounded.call("test.echo", b"x", "step") == b"x"

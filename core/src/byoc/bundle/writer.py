@@ -271,11 +271,14 @@ def save(cm: "CompiledModel", path: str | os.PathLike) -> Path:
     :returns: the path written.
     """
     path = Path(file_path(path, "the bundle path", BundleError))
-    if path.is_dir():
-        raise BundleError(f"cannot save the bundle to {str(path)!r}: it is a directory")
     folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise BundleError(f"cannot save the bundle to {str(path)!r}: the folder {str(folder)!r} does not exist")
+    try:
+        if path.is_dir():
+            raise BundleError(f"cannot save the bundle to {str(path)!r}: it is a directory")
+        if not folder.is_dir():
+            raise BundleError(f"cannot save the bundle to {str(path)!r}: the folder {str(folder)!r} does not exist")
+    except OSError as exc:  # a name too long, a folder that cannot be searched
+        raise BundleError(f"cannot save the bundle to {str(path)!r}: {exc.strerror or exc}") from None
     members = bundle_members(cm)  # everything that can fail on content fails before any file exists
     tmp = folder / temporary_name(path.name)
     try:

@@ -8,8 +8,10 @@ byoc is imported) and carries bytes, usually a serialised model; the parent wait
 the compile's deadline (``Budget.max_compile_seconds``, set by :func:`time_limit`), then kills
 the helper, so a hang costs the user a :class:`~byoc.errors.CompileTimeoutError` naming the step
 and a crash an error naming the signal, never a hung or dead process. The next call forks a new
-helper. A request costs the model's serialisation and a pipe round trip (well under a
-millisecond for small models); forking per call cost 5-60 ms, growing with the process's memory.
+helper. A helper exits after :data:`IDLE_SECONDS` without a request (it holds on to the pages its
+parent had when it was forked). A request costs the model's serialisation and a pipe round trip
+(well under a millisecond for small models); a fork costs 5-60 ms, growing with the process's
+memory.
 
 Elsewhere (no ``fork``, or a platform where forking a threaded process is unsafe) the
 operations run in-process, unbounded.
@@ -40,6 +42,10 @@ _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("byoc_c
 #: whether operations run in a helper process here
 FORKS = hasattr(os, "fork") and sys.platform.startswith("linux")
 
+#: a helper with no request for this long exits: it keeps the pages the parent had when it was
+#: forked (weights the parent has freed since, say) for as long as it lives
+IDLE_SECONDS = 10.0
+_RETIRED = 3  # the helper's exit status when it retires idle
 _REQUEST = struct.Struct("<IQ")  # operation name length, payload length
 _REPLY = struct.Struct("<BQ")  # 0: result, 1: "kind\nmessage"; payload length
 _OPERATIONS: dict[str, Callable[[bytes], bytes]] = {}
@@ -118,20 +124,32 @@ def call(name: str, payload: bytes, step: str) -> bytes:
         raise CompileTimeoutError(f"{step}: waited for another compile's ONNX call past the compile's time limit "
                                   f"(budget.max_compile_seconds)")
     try:
-        if _state.helper is None or name not in _state.helper.operations:
-            if _state.helper is not None:
-                _state.helper.stop()
+        for _ in range(2):  # once more when the helper retired (idle) just as this request came
+            if _state.helper is None or name not in _state.helper.operations:
+                if _state.helper is not None:
+                    _state.helper.stop()
+                try:
+                    _state.helper = _Helper.start()
+                except OSError:  # no memory or process slot for a child: run it here, unbounded
+                    return fn(payload)
             try:
-                _state.helper = _Helper.start()
-            except OSError:  # no memory or process slot for a child: run it here, unbounded
-                return fn(payload)
-        try:
-            return _state.helper.request(name, payload, step)
-        finally:
-            if not _state.helper.alive:  # timed out or crashed: the next call forks a new one
-                _state.helper = None
+                return _state.helper.request(name, payload, step)
+            except _Retired:
+                continue
+            finally:
+                if not _state.helper.alive:  # timed out, crashed or retired: the next call forks a new one
+                    _state.helper = None
+        raise ChildError("the helper process ended before answering, twice", "crash")
     finally:
         _state.lock.release()
+
+
+def stop_helper() -> None:
+    """Stop the helper process, if one runs (the next call forks a new one)."""
+    with _state.lock:
+        if _state.helper is not None:
+            _state.helper.stop()
+            _state.helper = None
 
 
 def helper_pid() -> int | None:
@@ -159,6 +177,10 @@ def _forget_helper() -> None:
 
 if FORKS:
     os.register_at_fork(after_in_child=_forget_helper)
+
+
+class _Retired(Exception):
+    """The helper had retired (idle) before it read the request."""
 
 
 class _Helper:
@@ -204,7 +226,10 @@ class _Helper:
         except BrokenPipeError:
             status, data = None, b""
         if status is None or len(data) < length:
-            raise ChildError(f"crashed on the model ({self.stop()})", "crash")
+            how = self.stop()
+            if how == f"exit status {_RETIRED}":
+                raise _Retired()
+            raise ChildError(f"crashed on the model ({how})", "crash")
         if status == 1:
             kind, _, message = data.decode("utf-8", "replace").partition("\n")
             raise ChildError(message, kind)
@@ -254,14 +279,18 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_exactly(fd: int, n: int, parent: int) -> bytes | None:
+def _read_exactly(fd: int, n: int, parent: int, idle: float | None = None) -> bytes | None:
     """``n`` bytes from the parent, or ``None`` once it has gone (end of file, or this process
-    was handed to another parent)."""
+    was handed to another parent). ``idle``: exit with :data:`_RETIRED` when nothing has come
+    for that many seconds."""
     chunks, got = [], 0
+    since = time.monotonic()
     while got < n:
         if not select.select([fd], [], [], 1.0)[0]:
             if os.getppid() != parent:
                 return None
+            if idle is not None and not got and time.monotonic() - since > idle:
+                os._exit(_RETIRED)
             continue
         chunk = os.read(fd, min(n - got, 1 << 24))
         if not chunk:
@@ -279,7 +308,7 @@ def _serve(requests: int, replies: int, parent: int) -> None:
     # for threads this process does not have. What the operations leave is collected as usual.
     gc.freeze()
     while True:
-        head = _read_exactly(requests, _REQUEST.size, parent)
+        head = _read_exactly(requests, _REQUEST.size, parent, IDLE_SECONDS)
         if head is None:
             return
         name_length, length = _REQUEST.unpack(head)

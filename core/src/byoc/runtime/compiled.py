@@ -163,7 +163,12 @@ class CompiledModel:
 
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise OptionError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        return self._batches(iter(feeds), batch_size, timeout, cancel)
+        try:
+            items = iter(feeds)
+        except TypeError:
+            raise InputError(f"run_batch: expected an iterable of dicts input name -> array, got "
+                             f"{type(feeds).__name__}") from None
+        return self._batches(items, batch_size, timeout, cancel)
 
     def _batch_axis(self) -> str | None:
         """The named dimension all inputs and outputs start with, else ``None``."""
@@ -183,6 +188,8 @@ class CompiledModel:
 
     def _batches(self, feeds: Iterator[Mapping[str, np.ndarray]], batch_size: int, timeout, cancel):
         def run_one(index: int, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            if not isinstance(feed, Mapping):
+                raise InputError(f"feed #{index}: expected a dict input name -> array, got {type(feed).__name__}")
             try:
                 return self.run(dict(feed), timeout=timeout, cancel=cancel)
             except InputError as exc:

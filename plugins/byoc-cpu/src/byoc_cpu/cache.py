@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from byoc.contract.folders import atomic_write, check_private
+from byoc.contract.folders import atomic_write, check_private, read_regular
 from byoc.contract import environment as _env
 
 _fallback_dir: Path | None = None
@@ -118,11 +118,8 @@ def write_once(path: Path, data: str) -> Path:
     """``path`` holding ``data``: left alone when it already does (rewriting it would change its mtime
     and invalidate Numba's cache), else written atomically."""
     raw = data.encode("utf-8")
-    try:
-        if path.read_bytes() == raw:
-            return path
-    except OSError:
-        pass
+    if read_regular(path, len(raw)) == raw:  # a link, FIFO or other file there is replaced, never read
+        return path
     atomic_write(path, raw)
     return path
 
