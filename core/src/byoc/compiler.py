@@ -8,7 +8,6 @@ compile (once without those targets, then per concrete shapes on first use).
 
 from __future__ import annotations
 
-
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence

@@ -116,3 +116,23 @@ def test_new_input_shapes_are_served_at_once_and_specialised_in_the_background()
     data = cm.report_data()["specialisations"]
     assert [s["shapes"] for s in data["compiled"]] == [{"x": [n, 4]} for n in (1, 3, 6)]
     assert all(s["nodes"] == {"cpu": 2} for s in data["compiled"]) and data["compiling"] is None
+
+
+def test_runs_while_specialisations_compile_in_the_background_are_correct():
+    """Runs of new and old shapes, back to back, while byoc-cpu's specialisations compile and
+    first-run on the background thread (both on byoc-cpu's pool)."""
+    model, _ = small_net(seed=13)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    for out in model.graph.output:
+        out.type.tensor_type.shape.dim[0].dim_param = "N"
+    del model.graph.value_info[:]
+    want_cm = byoc.compile(model, targets=[], host="reference")
+    cm = byoc.compile(model, registry=REGISTRY, wait=False)
+    rng = np.random.default_rng(13)
+    for n in (1, 2, 3, 1, 4, 2, 5, 3, 1, 6, 4, 2):
+        x = {"x": rng.standard_normal((n, 3, 12, 12)).astype(np.float32)}
+        got, want = cm.run(x), want_cm.run(x)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4)
+    assert cm.wait(timeout=600)
+    assert len(cm.report_data()["specialisations"]["compiled"]) >= 1
