@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 from cpu_helpers import REGISTRY
 from test_bundle import small_net
 
@@ -83,6 +84,28 @@ def test_a_failed_background_compile_leaves_the_first_tier_serving_and_says_so_o
             np.testing.assert_allclose(out[name], want[name], rtol=1e-5, atol=1e-6)
 
 
+def test_a_first_run_that_fails_on_its_feeds_starts_no_compile_and_demotes_nothing(targets):
+    """Feeds no plan can run (a Reshape to a shape that does not fit) fail on the first tier; the
+    compiled code is not tried on them, and the next good run starts it as usual."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y"])],
+                              "reshape", [x, shape], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    cm = byoc.compile(model, targets=targets, registry=REGISTRY, wait=False)
+    x_value = np.arange(-6, 6, dtype=np.float32).reshape(2, 6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(byoc.ByocError, match="Reshape"):
+            cm.run({"x": x_value, "shape": np.array([1, 0], np.int64)})
+        assert cm.tiers.state == "first"
+        out = cm.run({"x": x_value, "shape": np.array([3, 4], np.int64)})
+        assert cm.wait(timeout=600) and cm.tiers.state == "full"
+    assert not [w for w in caught if "failed on its first run" in str(w.message)]
+    np.testing.assert_array_equal(out["y"], np.maximum(x_value, 0).reshape(3, 4))
+
+
 def test_wait_true_has_no_first_tier():
     model, feeds = small_net(seed=14)
     cm = byoc.compile(model, registry=REGISTRY, wait=True)
@@ -136,3 +159,24 @@ def test_runs_while_specialisations_compile_in_the_background_are_correct():
             np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4)
     assert cm.wait(timeout=600)
     assert len(cm.report_data()["specialisations"]["compiled"]) >= 1
+
+
+def test_a_run_that_fails_on_its_feeds_queues_no_specialisation():
+    """New shapes whose run fails (a Reshape that does not fit) leave no failed specialisation
+    behind: the next good run of those shapes specialises them as usual."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y"])],
+                              "reshape", [x, shape], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    cm = byoc.compile(model, registry=REGISTRY, wait=False)
+    assert cm.specializer is not None and cm.specializer.background
+    x_value = np.arange(-12, 12, dtype=np.float32).reshape(4, 6)
+    with pytest.raises(byoc.ByocError, match="Reshape"):
+        cm.run({"x": x_value, "shape": np.array([5, 0], np.int64)})
+    cm.wait(timeout=600)
+    assert not cm.specializer.failed and not cm.specializer.cache
+    out = cm.run({"x": x_value, "shape": np.array([6, 4], np.int64)})
+    assert cm.wait(timeout=600) and not cm.specializer.failed and len(cm.specializer.cache) == 1
+    np.testing.assert_array_equal(out["y"], np.maximum(x_value, 0).reshape(6, 4))

@@ -105,9 +105,12 @@ class CompiledModel:
             if chosen is not self:
                 return chosen.run(feeds)
             try:
-                return self._run(feeds)
-            finally:
-                self.specializer.start_queued()  # a specialisation for these shapes, in the background
+                out = self._run(feeds)
+            except BaseException:
+                self.specializer.drop_queued()  # feeds no plan runs are no reason to specialise
+                raise
+            self.specializer.start_queued()  # a specialisation for these shapes, in the background
+            return out
         return self._run(feeds)
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -223,6 +223,14 @@ class Specializer:
                                             name="byoc-specialise")
         self._thread.start()
 
+    def drop_queued(self) -> None:
+        """Forget the compile that :meth:`select` queued (the run it was queued for failed)."""
+        with self._lock:
+            if self._queued is not None:
+                if self._in_flight == self._queued[0]:
+                    self._in_flight = None
+                self._queued = None
+
     def _specialise(self, key: ShapeKey, feeds: dict[str, np.ndarray]) -> None:
         try:
             compiled = self.compile_fn(with_input_shapes(self.proto, dict(key)))

@@ -3,8 +3,8 @@
 A JIT engine (a target or host executor with ``jit=True``, such as byoc-cpu) compiles its code
 on its first run: on a fresh install, seconds to a minute. Until that is done a model answers
 from a *first tier*: the same graph with every region and host node on byoc's reference kernels.
-The first run starts the full plan's first run on a background thread, with a copy of its
-feeds; when that completes, later runs use the full plan (a run in flight finishes on the plan it
+The first run that succeeds starts the full plan's first run on a background thread, with a
+copy of its feeds; when that completes, later runs use the full plan (a run in flight finishes on the plan it
 started on). A failure there is warned about once and the first tier keeps serving.
 ``byoc.compile(..., wait=True)`` builds no first tier: the first run compiles, as benchmarks want.
 
@@ -39,6 +39,7 @@ class Tiers:
         self.ready_after_s: float | None = None
         self._started = 0.0
         self._thread: threading.Thread | None = None
+        self._claimed = False  # a run holds the right to start the thread
         self._lock = threading.Lock()
 
     @property
@@ -46,21 +47,28 @@ class Tiers:
         return self.state == "full"
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run on the first tier; the first call then starts the full plan's compile (after its
-        own run: Numba compiles one function at a time, and the first tier's answer comes first)."""
-        start = False
+        """Run on the first tier; the first run that succeeds then starts the full plan's compile
+        (after its own answer: Numba compiles one function at a time, and the first tier's answer
+        comes first). A run that fails (bad feeds, a model that cannot run them) starts nothing,
+        so the compiled code is never judged by feeds that no plan can run."""
         with self._lock:
-            if self._thread is None:
+            claimed = self._thread is None and not self._claimed
+            if claimed:
+                self._claimed = True
+                copies = {name: np.array(value, copy=True) for name, value in feeds.items()}
+        try:
+            out = self.first.execute(feeds)
+        except BaseException:
+            if claimed:
+                self._claimed = False
+            raise
+        if claimed:
+            with self._lock:
                 self._started = time.perf_counter()
                 self.state = "compiling"
-                copies = {name: np.array(value, copy=True) for name, value in feeds.items()}
                 self._thread = threading.Thread(target=self._compile, args=(copies,), name="byoc-full-tier", daemon=True)
-                start = True
-        try:
-            return self.first.execute(feeds)
-        finally:
-            if start:
                 self._thread.start()
+        return out
 
     def _compile(self, feeds: dict[str, np.ndarray]) -> None:
         try:
