@@ -40,7 +40,7 @@ from byoc.contract import environment as _env
 from byoc.contract.options import resolve_options as _resolve
 from byoc.frontend.shapes import fix_input_shapes
 from byoc.passes.simplify import drop_legacy_initializer_inputs
-from byoc.plugins import Registry, get_registry, host_executor
+from byoc.plugins import Registry, get_registry, host_executor, host_name
 from byoc.quantize import pipeline as _quant
 from byoc.progress import Stages
 from byoc.progress import stages as progress_stages
@@ -260,11 +260,12 @@ def shape_compiler(options: Mapping[str, Mapping[str, Any]], settings: "_Setting
     return compile_shapes
 
 
-def settings_from_recipe(registry: Registry | None, budget: Budget, recipe: Mapping[str, Any]) -> "_Settings":
-    """The compile settings a specialiser's ``recipe`` (plain data, see :func:`specialise`) describes;
-    the host executor is this machine's."""
+def settings_from_recipe(registry: Registry | None, budget: Budget, recipe: Mapping[str, Any],
+                         host: HostExecutor | None) -> "_Settings":
+    """The compile settings a specialiser's ``recipe`` (plain data, see :func:`specialise`) describes,
+    with ``host`` running the host's nodes (the bundle's, see :func:`byoc.plugins.recorded_host`)."""
     return _Settings(registry, recipe["passes"], budget, recipe["strict"], recipe["hook_timeout"], None,
-                     recipe["placement"], host=host_executor(None, registry))
+                     recipe["placement"], host=host)
 
 
 @dataclass(frozen=True)
@@ -330,7 +331,7 @@ def compile_model(ir_model: ir.Model, selected: Sequence[Target], options: Mappi
         ir_model,
         plan,
         options={"targets": [t.name for t in selected], "target_options": dict(options), "strict": settings.strict,
-                 "placement": settings.placement},
+                 "placement": settings.placement, "host": host_name(settings.host)},
         regions=compiled_regions,
         records=records,
         faults=list(faults.items),

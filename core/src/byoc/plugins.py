@@ -333,6 +333,24 @@ def host_executor(choice: str | None = None, registry: Registry | None = None) -
                       "reference kernels)")
 
 
+def host_name(executor: HostExecutor | None) -> str:
+    """The name a compiled model records for its host executor (``"reference"``: none)."""
+    return "reference" if executor is None else executor.name
+
+
+def recorded_host(name: Any, registry: Registry | None = None) -> HostExecutor | None:
+    """The host executor a bundle recorded (:func:`host_name`), where this process has it, so that
+    a loaded model computes what the compiled one did; else (a bundle from before the record, or
+    an executor not installed here) the one :func:`host_executor` picks."""
+    if name == "reference":
+        return None
+    if isinstance(name, str):
+        for executor in (registry if registry is not None else get_registry()).executors:
+            if executor.name == name:
+                return executor
+    return host_executor(None, registry)
+
+
 def _each_target(reg: Registry, claimed: dict[str, list[Target]], extends: dict[str, list[str]]):
     current = {"plugin": ""}
 

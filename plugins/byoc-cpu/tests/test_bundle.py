@@ -62,6 +62,33 @@ def test_save_load_run_is_bit_identical(tmp_path):
     assert loaded.regions[0].artifact.metadata["source"] == cm.regions[0].artifact.metadata["source"]
 
 
+@pytest.mark.parametrize("host", [None, "reference", "cpu"])
+@pytest.mark.parametrize("symbolic", [False, True], ids=["fixed", "symbolic"])
+def test_a_bundle_runs_on_the_host_executor_it_was_compiled_with(tmp_path, host, symbolic):
+    """The host's nodes of a loaded bundle (and of its later specialisations) run on the executor
+    the compile used, so its outputs are the compiled model's bit for bit."""
+    model, feeds = small_net(seed=21, batch=2)
+    if symbolic:
+        model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+        for out in model.graph.output:
+            out.type.tensor_type.shape.dim[0].dim_param = "N"
+        del model.graph.value_info[:]
+    for targets in ([], None):
+        cm = byoc.compile(model, targets=targets, registry=REGISTRY, host=host, wait=True)
+        assert cm.options["host"] == (host or "cpu")
+        want = cm.run(feeds)
+        loaded = byoc.load(cm.save(tmp_path / f"{host}-{targets}.byoc"), registry=REGISTRY)
+        assert loaded.options["host"] == cm.options["host"]
+        got = loaded.run(feeds)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+        if symbolic:  # a shape the bundle never saw: compiled after loading
+            x = {"x": np.concatenate([feeds["x"], feeds["x"][:1]])}
+            want, got = cm.run(x), loaded.run(x)
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k])
+
+
 def test_compiling_twice_gives_identical_artifacts():
     for batch in (1, 2):
         model, _ = small_net(batch=batch)

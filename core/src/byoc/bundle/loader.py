@@ -42,7 +42,7 @@ from byoc.plugins import PluginFault, get_registry
 from byoc.runtime import jitinit
 from byoc.runtime.compiled import CompiledModel
 from byoc.runtime.isolation import compile_region
-from byoc.plugins import host_executor
+from byoc.plugins import recorded_host
 from byoc.runtime.plan import build_plan
 from byoc.runtime.specialize import ShapeKey, Specializer, has_symbolic_inputs, shape_key
 from byoc.runtime.subgraph import host_callable
@@ -161,6 +161,7 @@ _OPTION_CHECKS = {
     "targets": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "strict": lambda v: isinstance(v, bool),
     "placement": lambda v: isinstance(v, str),
+    "host": lambda v: isinstance(v, str),
     "shape_policy": lambda v: _map_of(v, lambda x: isinstance(x, str)),
     "skipped_targets": lambda v: _map_of(v, lambda x: isinstance(x, str)),
     "calibration": lambda v: isinstance(v, dict) and all(
@@ -278,7 +279,7 @@ class _Loader:
                 rec.device, rec.fallback = "host", self.host_fallback[rec.region]
         try:
             plan = build_plan(model.graph, budget=self.budget, step_factory=region_step_factory(compiled_regions),
-                              fuse=True, host=host_executor(None, self.registry))
+                              fuse=True, host=self.host)
         except ByocError as exc:
             raise self.fail(f"member {host_graph!r}: {type(exc).__name__}: {exc}") from None
         cm = CompiledModel(
@@ -306,6 +307,8 @@ class _Loader:
         where = (compiled, info)
         self.options = require(where, "options", dict, origin)
         _check_options(self.options, self.fail, compiled)
+        #: what runs the host's nodes: the executor the compile used, where this process has it
+        self.host = recorded_host(self.options.get("host"), self.registry)
         self.regions_json = require(where, "regions", list, origin)
         self.expected = {compiled, host_graph} | expected_region_members(len(self.regions_json), prefix)
         self.section = info.get("specialisation")
@@ -554,7 +557,7 @@ class _Specialisations:
             # imported here: the compile driver imports the runtime, which imports the bundle writer
             from byoc.compiler import settings_from_recipe, shape_compiler
 
-            compile_shapes = shape_compiler(options, settings_from_recipe(registry, p.budget, self.settings))
+            compile_shapes = shape_compiler(options, settings_from_recipe(registry, p.budget, self.settings, p.host))
 
             def compile_fn(q):
                 return compile_shapes(q, live)

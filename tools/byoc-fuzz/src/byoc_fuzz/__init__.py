@@ -586,8 +586,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{o.kind}: seed model {o.seed_model}, mutations {o.mutations}: {o.detail}")
         return 0 if o.kind in ("ok", "byoc-error") else 1
 
+    shown = 0
+
     def progress(s: Summary) -> None:
+        nonlocal shown
         print(f"  {s.cases} cases: {s.counts}", flush=True)
+        for f in s.findings[shown:]:  # at once, so that a long run that is stopped keeps them
+            print(f"  found {f.kind}: case seed {f.case_seed}: {f.detail}", flush=True)
+        shown = len(s.findings)
 
     t0 = time.perf_counter()
     s = fuzz(args.count, args.seconds, args.seed, progress, kinds)
