@@ -223,6 +223,18 @@ def test_load_with_a_bad_budget(tmp_path):
         byoc.load(tmp_path / "x.byoc", budget={})
 
 
+@pytest.mark.parametrize(("target_options", "match"), [
+    (2**70, "target_options must be a dict"), ("cpu", "target_options must be a dict"),
+    ([("cpu", {})], "target_options must be a dict"), ({5: {}}, "keys must be target names"),
+    ({"cpu": 5}, r"target_options\['cpu'\] must be a dict"), ({"cpu": {1: 2}}, "option names must be strings"),
+])
+def test_load_with_wrongly_typed_target_options(relu_model, tmp_path, target_options, match):
+    """Checked as compile checks them, before the bundle is read (an int raised TypeError)."""
+    path = relu_model.save(tmp_path / "relu.byoc")
+    with pytest.raises(OptionError, match=match):
+        byoc.load(path, target_options=target_options)
+
+
 def test_correct_arguments_still_work(relu_model):
     out = relu_model.run({"x": np.array([-1, 2], np.float32)}, timeout=5, cancel=byoc.CancelHandle())
     assert out["y"].tolist() == [0, 2]

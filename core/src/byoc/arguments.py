@@ -54,22 +54,27 @@ def check_compile_args(*, targets: Any = None, passes: Any = None, budget: Any =
             raise OptionError(f"targets must be target names (strings), got {bad[0]!r} ({_type(bad[0])})")
     _names("passes", passes)
     _budget(budget)
-    if target_options is not None:
-        if not isinstance(target_options, Mapping):
-            raise OptionError(f"target_options must be a dict target name -> dict of options, got {_type(target_options)}")
-        for key, opts in target_options.items():
-            if not isinstance(key, str):
-                raise OptionError(f"target_options: keys must be target names, got {key!r} ({_type(key)})")
-            if not isinstance(opts, Mapping):
-                raise OptionError(f"target_options[{key!r}] must be a dict of options, got {opts!r} ({_type(opts)})")
-            bad = [k for k in opts if not isinstance(k, str)]
-            if bad:
-                raise OptionError(f"target_options[{key!r}]: option names must be strings, got {bad[0]!r}")
+    _target_options(target_options)
     if not isinstance(strict, bool):
         raise OptionError(f"strict must be True or False, got {strict!r} ({_type(strict)})")
     _seconds("hook_timeout", hook_timeout)
     if calibration is not None and (isinstance(calibration, (str, bytes, Mapping)) or not isinstance(calibration, Iterable)):
         raise OptionError(f"calibration must be an iterable of feed dicts or None, got {_type(calibration)}")
+
+
+def _target_options(target_options: Any) -> None:
+    if target_options is None:
+        return
+    if not isinstance(target_options, Mapping):
+        raise OptionError(f"target_options must be a dict target name -> dict of options, got {_type(target_options)}")
+    for key, opts in target_options.items():
+        if not isinstance(key, str):
+            raise OptionError(f"target_options: keys must be target names, got {key!r} ({_type(key)})")
+        if not isinstance(opts, Mapping):
+            raise OptionError(f"target_options[{key!r}] must be a dict of options, got {opts!r:.80} ({_type(opts)})")
+        bad = [k for k in opts if not isinstance(k, str)]
+        if bad:
+            raise OptionError(f"target_options[{key!r}]: option names must be strings, got {bad[0]!r}")
 
 
 def check_run_args(feeds: Any, *, timeout: Any = None, cancel: Any = None) -> None:
@@ -105,9 +110,11 @@ def file_path(path: Any, what: str, error: type[Exception]) -> str:
     return text
 
 
-def check_load_args(path: Any, *, budget: Any = None) -> None:
-    """Raise :class:`BundleError` for a path that is not one, :class:`OptionError` for a bad budget."""
+def check_load_args(path: Any, *, budget: Any = None, target_options: Any = None) -> None:
+    """Raise :class:`BundleError` for a path that is not one, :class:`OptionError` for a bad budget
+    or ``target_options``."""
     file_path(path, "the bundle path", BundleError)
+    _target_options(target_options)
     _budget(budget)
 
 

@@ -217,7 +217,7 @@ def load(
         a missing or incompatible plugin (naming it and the version the bundle needs).
     :raises OptionError: a bundle or user option the installed target does not accept.
     """
-    check_load_args(path, budget=budget)
+    check_load_args(path, budget=budget, target_options=target_options)
     jitinit.start()  # Numba's start-up overlaps the reading and checking below
     if fallback not in (None, "error", "host"):
         raise OptionError(f"fallback must be None/'error' (refuse) or 'host', got {fallback!r}")
