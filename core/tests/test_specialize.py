@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,8 +29,10 @@ class _Compiled:
         self.targets = [t.name for t in targets]
         self.options = {}
         self.specializer = None
-        self.budget = byoc.Budget(max_shape_keys=100)
+        self.budget = byoc.Budget(max_shape_keys=100, max_specialization_bytes=2500)
         self.runs = []
+        # regions holding 1,000 bytes of artifact data
+        self.regions = [SimpleNamespace(artifact=SimpleNamespace(data=bytes(1000)))] if targets else []
 
     def run(self, feeds):
         self.runs.append(feeds)
@@ -53,6 +56,20 @@ def test_specialise_compiles_the_base_without_static_targets_then_per_shape():
     with pytest.warns(UserWarning, match="no specialisation"):
         assert base.specializer.select({"x": np.zeros((5, 3), np.float32)}) is base  # over the limit
     assert len(calls) == 2
+
+
+def test_specialisations_stop_at_the_budgets_bytes():
+    """``Budget.max_specialization_bytes`` bounds the artifact data the specialisations hold
+    together, whatever the targets' ``max_specializations`` allow."""
+    static = byoc.Target("fixed", "1", shape_policy="static", max_specializations=100)
+    base = specialise(_relu(), [static], lambda proto, targets: _Compiled(proto, targets))
+    sp = base.specializer
+    for n in (1, 2, 3):  # 0, 1,000 and 2,000 bytes held before each: allowed
+        assert sp.select({"x": np.zeros((n, 3), np.float32)}) is not base
+    assert sp.held_bytes() == 3000 and sp.describe()["held_bytes"] == 3000
+    with pytest.warns(UserWarning, match="max_specialization_bytes"):
+        assert sp.select({"x": np.zeros((4, 3), np.float32)}) is base
+    assert sp.select({"x": np.zeros((2, 3), np.float32)}) is not base  # those made stay
 
 
 def test_twenty_thousand_refused_shapes_keep_bounded_state_and_few_warnings():

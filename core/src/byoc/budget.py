@@ -37,6 +37,9 @@ class Budget:
     max_loop_iterations: int = 10_000_000
     #: distinct input shapes a compiled model remembers having refused to specialise
     max_shape_keys: int = 1024
+    #: bytes of artifact data (the targets' constants) a model's shape specialisations may hold
+    #: together; beyond it new shapes run without the static-shape targets
+    max_specialization_bytes: int = 1 * GiB
     #: wall-clock seconds one compile may take; it holds inside onnx's own checker, converter and
     #: shape inference too (:mod:`byoc.frontend.bounded`); ``None``: no limit
     max_compile_seconds: float | None = 600.0

@@ -175,8 +175,12 @@ class Specializer:
         self._preview: dict[str, Any] | None = None
         self._lock = threading.Lock()
 
+    def held_bytes(self) -> int:
+        """Bytes of artifact data the specialisations hold (see ``Budget.max_specialization_bytes``)."""
+        return sum(len(cr.artifact.data) for cm in list(self.cache.values()) for cr in cm.regions)
+
     def _allowed(self, key: ShapeKey) -> bool:
-        if self.compile_fn is None:
+        if self.compile_fn is None or self.held_bytes() > self.base.budget.max_specialization_bytes:
             return False
         shapes = dict(key)
         for t in self.static_targets:
@@ -265,7 +269,7 @@ class Specializer:
         if self.n_refused > MAX_WARNINGS:
             return
         names = ", ".join(t.name for t in self.static_targets)
-        why = "shape policy/limit" if self.compile_fn is not None else \
+        why = "shape policy/limit or Budget.max_specialization_bytes" if self.compile_fn is not None else \
             "a loaded bundle whose plugins for them are missing specialises no further shapes"
         more = ("; further refused shapes are not warned about (the report counts them)"
                 if self.n_refused == MAX_WARNINGS else "")
@@ -283,6 +287,7 @@ class Specializer:
         return {
             "static_targets": [t.name for t in self.static_targets],
             "specialisations": [dict(k) for k in self.cache],
+            "held_bytes": self.held_bytes(),
             "refused": [dict(k) for k in self.refused],
             "refused_count": self.n_refused,
             "compiling": None if self._in_flight is None else dict(self._in_flight),

@@ -64,6 +64,9 @@ def byoc_register_targets(register):
         priority=-10,
         # the code is specialised to static shapes: byoc compiles per concrete input shape
         shape_policy="static",
+        # a specialisation holds its code and constants, not its activations (the arenas are
+        # shared, byoc_cpu.runtime.ArenaPool); Budget.max_specialization_bytes bounds the constants
+        max_specializations=32,
         runtime_path=_runtime_path(),
         # for placement="cost": a region call costs a Python dispatch and argument packing, and a
         # region boundary ends a fused epilogue (a rough estimate, not a measurement)

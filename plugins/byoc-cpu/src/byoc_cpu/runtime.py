@@ -115,7 +115,6 @@ class CpuRegion:
         self.specs = [(x["name"], tuple(int(d) for d in x["shape"])) for x in program["inputs"]]
         self.arena_size = max(1, int(program["arena"]))
         self.load_seconds = load_seconds
-        self._pool: list[np.ndarray] = []
 
     def _input(self, i: int, x: Any) -> np.ndarray:
         name, shape = self.specs[i]
@@ -133,14 +132,48 @@ class CpuRegion:
         if len(inputs) != len(self.specs):
             raise InputError(f"cpu region {self.name!r}: {len(inputs)} inputs, expected {len(self.specs)}")
         flat = [self._input(i, x) for i, x in enumerate(inputs)]
+        arena = ARENAS.borrow(self.arena_size)
         try:
-            arena = self._pool.pop()
-        except IndexError:
-            arena = np.empty(self.arena_size, dtype=np.float32)
-        try:
-            return self._run(arena, self.consts, self.weights, *flat)
+            return self._run(arena[:self.arena_size], self.consts, self.weights, *flat)
         finally:
-            self._pool.append(arena)
+            ARENAS.give_back(arena)
+
+
+class ArenaPool:
+    """Scratch arenas lent to region calls, shared by every region of the process.
+
+    A region's arena holds its intermediate tensors during a call and nothing between calls, so a
+    model's regions, and the regions of its shape specialisations, hold none of their own: twenty
+    specialisations of an image model would otherwise keep twenty sets of activations. A call
+    borrows the smallest idle arena that fits (else a new one) and gives it back; the pool keeps
+    the ``max_idle`` largest idle arenas, so warm runs reuse memory whose pages are mapped."""
+
+    def __init__(self, max_idle: int = 4):
+        self.max_idle = max_idle
+        self._idle: list[np.ndarray] = []  # smallest first
+        self._lock = threading.Lock()
+
+    def borrow(self, size: int) -> np.ndarray:
+        with self._lock:
+            for i, arena in enumerate(self._idle):
+                if arena.size >= size:
+                    return self._idle.pop(i)
+        return np.empty(size, dtype=np.float32)
+
+    def give_back(self, arena: np.ndarray) -> None:
+        with self._lock:
+            self._idle.append(arena)
+            self._idle.sort(key=lambda a: a.size)
+            del self._idle[:-self.max_idle]
+
+    def idle_bytes(self) -> int:
+        """Bytes held by idle arenas."""
+        with self._lock:
+            return sum(a.nbytes for a in self._idle)
+
+
+#: the process's arenas (see :class:`ArenaPool`)
+ARENAS = ArenaPool()
 
 
 #: parallel steps from which ``native="auto"`` compiles a region's steps: each saves a thread
