@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import threading
 import time
 import tracemalloc
 import warnings
@@ -449,6 +450,26 @@ def limit_address_space(nbytes: int = 8 << 30) -> None:
         pass
 
 
+#: byoc's threads that run models or compile in the background (tiers, specialisations, hooks)
+_BACKGROUND = ("byoc-full-tier", "byoc-specialise", "byoc-hook-")
+
+
+def _start_tracing() -> None:
+    tracemalloc.start()
+
+
+def _stop_tracing(wait: float = 60.0) -> None:
+    """Stop tracemalloc once byoc's background threads are done: on Python < 3.12.9,
+    ``tracemalloc.stop()`` while another thread allocates without the GIL (numpy does, in
+    byoc-cpu's pool threads) crashes the process (CPython gh-128679). A run of many cases traces
+    throughout and stops once (:func:`fuzz`)."""
+    deadline = time.monotonic() + wait
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and thread.name.startswith(_BACKGROUND):
+            thread.join(max(0.0, deadline - time.monotonic()))
+    tracemalloc.stop()
+
+
 def run_case(data: bytes, rng: random.Random, *, seed_model: str = "", mutations=(),
              time_limit: float = TIME_LIMIT, memory_cap: int = MEMORY_CAP) -> Outcome:
     """Compile and run one case; classify what happened."""
@@ -459,7 +480,7 @@ def run_case(data: bytes, rng: random.Random, *, seed_model: str = "", mutations
     out = Outcome("ok", seed_model, list(mutations))
     tracing = tracemalloc.is_tracing()
     if not tracing:
-        tracemalloc.start()
+        _start_tracing()
     tracemalloc.reset_peak()
     rss_before = _max_rss()
     t0 = time.perf_counter()
@@ -487,7 +508,7 @@ def run_case(data: bytes, rng: random.Random, *, seed_model: str = "", mutations
         # numpy buffers are traced; memory allocated in C (protobuf, onnx) shows in the peak RSS
         out.peak_bytes = max(tracemalloc.get_traced_memory()[1], _max_rss() - rss_before)
         if not tracing:
-            tracemalloc.stop()
+            _stop_tracing()
     if out.kind != "foreign":
         if out.seconds > time_limit:
             out.kind, out.detail = "slow", f"took {out.seconds:.1f} s ({out.detail or 'ok'})"
@@ -542,15 +563,22 @@ def fuzz(count: int | None = None, seconds: float | None = None, seed: int = 0,
     rng = random.Random(seed)
     summary = Summary()
     t_end = None if seconds is None else time.monotonic() + seconds
-    while (count is None or summary.cases < count) and (t_end is None or time.monotonic() < t_end):
-        case_seed = rng.randrange(2**63)
-        case_rng = random.Random(case_seed)
-        name, applied, data = make_any_case(case_rng, kinds)
-        outcome = run_case(data, case_rng, seed_model=name, mutations=applied)
-        outcome.case_seed = case_seed
-        summary.add(outcome)
-        if progress is not None and summary.cases % 50 == 0:
-            progress(summary)
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        _start_tracing()  # once for the run: see _stop_tracing
+    try:
+        while (count is None or summary.cases < count) and (t_end is None or time.monotonic() < t_end):
+            case_seed = rng.randrange(2**63)
+            case_rng = random.Random(case_seed)
+            name, applied, data = make_any_case(case_rng, kinds)
+            outcome = run_case(data, case_rng, seed_model=name, mutations=applied)
+            outcome.case_seed = case_seed
+            summary.add(outcome)
+            if progress is not None and summary.cases % 50 == 0:
+                progress(summary)
+    finally:
+        if not tracing:
+            _stop_tracing()
     return summary
 
 
