@@ -166,7 +166,10 @@ def _mutate_value(rng: random.Random, a: np.ndarray) -> tuple[Any, str]:
     if choice == "rank_up":
         return a[None], "rank_up"
     if choice == "rank_down":
-        return (a.reshape(-1) if a.ndim != 1 else a.reshape(())) if a.size == 1 or a.ndim > 1 else a.sum(), "rank_down"
+        if a.size == 1 or a.ndim > 1:
+            return (a.reshape(-1) if a.ndim != 1 else a.reshape(())), "rank_down"
+        # no arithmetic: the value may be of any dtype (void, datetime) by an earlier mutation
+        return (a[:1].reshape(()) if a.size else np.zeros((), a.dtype)), "rank_down"
     if choice == "shape":
         shape = list(a.shape) or [1]
         i = rng.randrange(len(shape))
