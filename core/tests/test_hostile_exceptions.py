@@ -235,6 +235,25 @@ def test_load_with_wrongly_typed_target_options(relu_model, tmp_path, target_opt
         byoc.load(path, target_options=target_options)
 
 
+class _Raising:
+    def __init__(self, exc):
+        self.exc = exc
+
+    def __array__(self, dtype=None, copy=None):
+        raise self.exc("hostile __array__")
+
+
+@pytest.mark.parametrize("exc", [ValueError, MemoryError, RuntimeError, KeyError])
+def test_a_feed_whose_conversion_raises_is_an_input_error_in_run_and_run_batch(relu_model, exc):
+    """Whatever a feed's ``__array__`` raises, ``run`` and ``run_batch`` (which stacks feeds
+    first) answer with an InputError naming the input."""
+    good = {"x": np.ones(2, np.float32)}
+    with pytest.raises(InputError, match="input 'x'.*hostile"):
+        relu_model.run({"x": _Raising(exc)})
+    with pytest.raises(InputError, match="input 'x'.*hostile"):
+        list(relu_model.run_batch([good, {"x": _Raising(exc)}], batch_size=2))
+
+
 def test_correct_arguments_still_work(relu_model):
     out = relu_model.run({"x": np.array([-1, 2], np.float32)}, timeout=5, cancel=byoc.CancelHandle())
     assert out["y"].tolist() == [0, 2]

@@ -17,7 +17,7 @@ from byoc.progress import active as progress_active
 from byoc.progress import phase as progress_phase
 from byoc.progress import ticking as progress_ticking
 from byoc.runtime.control import CancelHandle, controlled
-from byoc.runtime.plan import InputSpec, Plan, check_feeds
+from byoc.runtime.plan import InputSpec, Plan, check_feeds, feed_array
 
 if TYPE_CHECKING:  # pragma: no cover
     from byoc.codegen import CompiledRegion
@@ -241,7 +241,7 @@ class CompiledModel:
         for index, feed in enumerate(feeds):
             if not isinstance(feed, Mapping):
                 raise InputError(f"feed #{index}: expected a dict input name -> array, got {type(feed).__name__}")
-            feed = {k: np.asarray(v) for k, v in feed.items()}
+            feed = {k: feed_array(k, v) for k, v in feed.items()}
             if pending and (len(pending) >= batch_size or not fits(feed)):
                 yield from flush()
             pending.append((index, feed))

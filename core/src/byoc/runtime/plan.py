@@ -405,6 +405,18 @@ def _fused_order(nodes: list[ir.Node], chains: dict[int, list[ir.Node]]) -> list
     return order
 
 
+def feed_array(name: Any, value: Any) -> np.ndarray:
+    """``value`` as a numpy array, or :class:`InputError` naming the input (a conversion that
+    raises anything, ``MemoryError`` from an ``__array__`` included)."""
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)
+    except Exception as exc:  # noqa: BLE001 - whatever the object raises is the user's input error
+        raise InputError(f"input {name!r}: cannot convert {type(value).__name__} to a numpy array "
+                         f"({type(exc).__name__}: {str(exc)[:100]})") from None
+
+
 def check_feeds(specs: Sequence[InputSpec], feeds: dict[str, Any],
                 budget: Budget | None = None) -> dict[str, np.ndarray]:
     """Validate user feeds against the graph inputs; returns the arrays to run with.
@@ -428,12 +440,7 @@ def check_feeds(specs: Sequence[InputSpec], feeds: dict[str, Any],
             if spec.optional:
                 continue
             raise InputError(f"missing input {spec.name!r} ({_describe(spec)})")
-        arr = feeds[spec.name]
-        if not isinstance(arr, np.ndarray):
-            try:
-                arr = np.asarray(arr)
-            except Exception:
-                raise InputError(f"input {spec.name!r}: cannot convert {type(arr).__name__} to a numpy array") from None
+        arr = feed_array(spec.name, feeds[spec.name])
         if spec.dtype is not None and arr.dtype != spec.dtype:
             raise InputError(f"input {spec.name!r}: expected dtype {spec.dtype}, got {arr.dtype}")
         if spec.shape is not None:
