@@ -22,7 +22,6 @@ STRUCTURAL = {
     "blas.py": {"_ADDR_SLOTS"},
     "cache.py": {"DEFAULT_MAX_MODULES", "LOOPS_PER_MODULE"},
     "host/_words.py": {"WORDS"},
-    "host/elementwise.py": {"_FLOAT8_MAX"},  # the float8 formats' largest values
     "host/reduce.py": {"_AXES_INPUT_FROM", "_LANES"},  # an opset number; the accumulator width the loop is written for
     "host/jithelpers.py": {"WAIT_LIMIT_S", "_POLL_S"},  # a safety timeout and a polling interval
     "host/gemm.py": {"_KC", "_MCP"},
