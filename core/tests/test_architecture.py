@@ -31,7 +31,7 @@ MAX_FUNCTION_LINES = 100
 #: the core's size (``core/src``, every line of every Python file): a ratchet on the way to the
 #: small-core goal of 20,000 lines; lower it as the core shrinks; a commit that raises it says
 #: which feature the lines are for
-CORE_MAX_LINES = 25_200
+CORE_MAX_LINES = 25_220
 
 REPO = Path(__file__).resolve().parents[2]
 

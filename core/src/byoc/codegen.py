@@ -33,6 +33,9 @@ class CompiledRegion:
     artifact: Artifact
     plugin: str
     fn: Callable[..., Sequence[np.ndarray]]
+    #: what the runtime did on loading that the report says (the callable's ``note``, see
+    #: :func:`byoc.contract.hookspecs.byoc_runtime`)
+    note: str | None = None
 
 
 def plugin_view(region: Region) -> Region:
@@ -166,7 +169,16 @@ def codegen_region(registry: Registry, region: Region, options: Mapping[str, Any
         return None
     plugin_rt, fn = made
     return CompiledRegion(region, artifact, plugin_rt, guarded_runtime(fn, plugin_rt, region.name, region.target,
-                                                                       region.outputs))
+                                                                       region.outputs), runtime_note(fn))
+
+
+def runtime_note(fn: Any) -> str | None:
+    """The runtime callable's ``note`` where it is text (anything else, or a raise, is no note)."""
+    try:
+        note = getattr(fn, "note", None)
+    except Exception:  # noqa: BLE001 - a plugin's property: no note
+        return None
+    return note[:1000] if isinstance(note, str) and note else None
 
 
 def generate_artifact(registry: Registry, region: Region, options: Mapping[str, Any], faults: Any,

@@ -117,6 +117,23 @@ def test_a_blob_from_another_openvino_is_recompiled_with_a_warning(squeezenet):
     np.testing.assert_allclose(fn(x)[0], next(iter(cm.run(feeds).values())), rtol=1e-5, atol=1e-6)
 
 
+def test_a_bundle_recompiled_on_load_says_so_in_its_report(tmp_path, squeezenet, monkeypatch):
+    """A bundle whose blob another OpenVINO made: byoc.load recompiles the region, and the report
+    (text and JSON) has a line for it."""
+    model, feeds = squeezenet
+    cm = byoc.compile(model, targets=["openvino"], strict=True)
+    assert cm.report_data()["regions"][0]["note"] is None
+    path = cm.save(tmp_path / "m.byoc")
+    monkeypatch.setattr(engine, "version", lambda: "2099.1.0-elsewhere")
+    with pytest.warns(RecompileWarning):
+        loaded = byoc.load(path)
+    (region,) = loaded.report_data()["regions"]
+    assert "recompiled" in region["note"] and "2099.1.0" in region["note"]
+    assert f"{region['name']}: recompiled" in loaded.report()
+    np.testing.assert_allclose(next(iter(loaded.run(feeds).values())), next(iter(cm.run(feeds).values())),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_a_blob_for_another_device_or_isa_is_recompiled(squeezenet):
     model, _ = squeezenet
     art = byoc.compile(model, targets=["openvino"], strict=True).regions[0].artifact

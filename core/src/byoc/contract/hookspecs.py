@@ -175,7 +175,9 @@ def byoc_runtime(target: str, artifact: "Artifact", options: Mapping[str, Any]) 
     :param options: the target's validated options.
     :returns: a callable taking the region's inputs as numpy arrays (in
         ``artifact.metadata["inputs"]`` order) and returning a sequence of arrays (in
-        ``artifact.metadata["outputs"]`` order), or ``None``.
+        ``artifact.metadata["outputs"]`` order), or ``None``. Its attribute ``note`` (a string,
+        optional) is a line for the report on what the runtime did that the user should know,
+        e.g. a vendor binary compiled for another machine and recompiled from the region here.
     """
 
 

@@ -206,6 +206,7 @@ def report_data(compiled: "CompiledModel") -> dict[str, Any]:
             "flops": sum(flops_of.get(m, 0) for m in members),
             "plugin": cr.plugin,
             "host_fallback": host_fallback.get(region.name),
+            "note": cr.note,
             "artifact": {"format": cr.artifact.format, "bytes": len(cr.artifact.data), "sha256": cr.artifact.sha256},
         })
         if region.name in estimates:  # placement="cost": the alternatives it was chosen among

@@ -174,6 +174,7 @@ def render_text(data: dict[str, Any]) -> str:
                           str(r["artifact"]["bytes"]), pats])
         lines.extend(_table(["region", "target", "nodes", "flops", "in", "out", "artifact", "bytes", "patterns"],
                             rrows, {2, 3, 4, 5, 7}))
+        lines += [f"  {r['name']}: {r['note']}" for r in data["regions"] if r.get("note")]
     lines.extend(_placement_lines(data.get("placement")))
     if reasons.items:
         lines += ["", "Verdict reasons (node count):"]

@@ -156,6 +156,11 @@ class OpenVINORegion:
             fixed.append(arr)
         return fixed
 
+    @property
+    def note(self) -> str | None:
+        """byoc's report line (see ``byoc_runtime``): why the blob was recompiled on load."""
+        return f"recompiled from the region's ONNX on load: {self.recompiled}" if self.recompiled else None
+
     def __repr__(self) -> str:
         how = f", recompiled: {self.recompiled}" if self.recompiled else ""
         return f"<OpenVINORegion {self.name!r} on {self.device}{how}>"
