@@ -123,6 +123,15 @@ def test_hostile_cache_files_read_as_empty(cache_root, content):
     assert measure._read_table(measure_path) == {}
 
 
+@pytest.mark.parametrize("figures", [[5e-324, 5e-324], [1e308, 1e308], [0.5, 1e9], [1e9, 1e30]])
+def test_cached_throughput_no_machine_has_is_measured_again(cache_root, figures):
+    """A figure that would price every node at 0 or inf seconds (and leave placement="measure" no
+    device for a sub-region) is a miss."""
+    cache_root.mkdir(mode=0o700)
+    (cache_root / "host-throughput.json").write_text(json.dumps({placement.machine_fingerprint(): figures}))
+    assert placement.host_throughput() == (1.0e9, 2.0e9)
+
+
 def test_figures_are_written_privately_and_read_back(cache_root):
     assert placement.host_throughput() == (1.0e9, 2.0e9)
     assert folders.is_private(cache_root)

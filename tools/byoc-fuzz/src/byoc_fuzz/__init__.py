@@ -482,6 +482,7 @@ def run_case(data: bytes, rng: random.Random, *, seed_model: str = "", mutations
     if not tracing:
         _start_tracing()
     tracemalloc.reset_peak()
+    traced_before = tracemalloc.get_traced_memory()[0]  # what earlier cases left (caches, compiled code)
     rss_before = _max_rss()
     t0 = time.perf_counter()
     try:
@@ -506,7 +507,7 @@ def run_case(data: bytes, rng: random.Random, *, seed_model: str = "", mutations
     finally:
         out.seconds = time.perf_counter() - t0
         # numpy buffers are traced; memory allocated in C (protobuf, onnx) shows in the peak RSS
-        out.peak_bytes = max(tracemalloc.get_traced_memory()[1], _max_rss() - rss_before)
+        out.peak_bytes = max(tracemalloc.get_traced_memory()[1] - traced_before, _max_rss() - rss_before)
         if not tracing:
             _stop_tracing()
     if out.kind != "foreign":

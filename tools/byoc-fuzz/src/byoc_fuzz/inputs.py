@@ -640,7 +640,9 @@ def _plant_json(rng: random.Random, path: Path, clean: Any) -> str:
 def _damage_file(rng: random.Random, path: Path, outside: Path, fifos: list[Path]) -> str:
     """Damage one cache file (or plant one where byoc would read it)."""
     try:
-        clean = json.loads(path.read_bytes()) if path.suffix == ".json" and path.is_file() else None
+        # (a file an earlier mutation made oversized is not read: the harness's memory is the case's)
+        clean = (json.loads(path.read_bytes()) if path.suffix == ".json" and path.is_file()
+                 and path.stat().st_size <= 1 << 20 else None)
     except (OSError, ValueError, RecursionError):  # damaged by an earlier mutation of the case
         clean = None
     choice = rng.choice(["content", "content", "content", "symlink_out", "dangling", "fifo", "dir", "unreadable",
