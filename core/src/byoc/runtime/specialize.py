@@ -18,6 +18,7 @@ so this module never imports the compile driver.
 
 from __future__ import annotations
 
+import gc
 import threading
 import warnings
 from collections import OrderedDict
@@ -239,6 +240,9 @@ class Specializer:
         try:
             compiled = self.compile_fn(with_input_shapes(self.proto, dict(key)))
             compiled.run(feeds)  # its first run: JIT engines compile or load their code here
+            # a full collection here, in the background, of what the compile left: else Python's
+            # next one (100-200 ms once a large model's specialisations are alive) falls in a run
+            gc.collect()
         except BaseException as exc:  # noqa: BLE001 - reported once; the base keeps serving these shapes
             with self._lock:
                 self.failed[key] = f"{type(exc).__name__}: {exc}"
