@@ -637,7 +637,8 @@ def refine(p: Partitioner, session: Session) -> None:
             cand.seg_times = _time_groups(p, session, problems, cand, cand.segs)
     for cand in cands:
         # a split needs a device for every sub-region (none where both timings failed or were refused)
-        if len(cand.segs) > 1 and all(min(x.seconds for x in t.values()) < math.inf for t in cand.seg_times):
+        if len(cand.segs) > 1 and all(min((x.seconds for x in t.values()), default=math.inf) < math.inf
+                                      for t in cand.seg_times):
             cand.split = _best_split(p, session, problem, cand)
     session.runners.clear()
     placed: list[tuple[str, list[int], dict[int, str]]] = []

@@ -158,7 +158,7 @@ def solve(problem: Problem, beam: int = DEFAULT_BEAM) -> tuple[list[int], float]
 
 _HOST: tuple[float, float] | None = None
 _CACHE_FILE = "host-throughput.json"
-#: FLOP/s and bytes/s a cached host figure may have (from a slow board to a large server, with room)
+#: FLOP/s and bytes/s a cached host figure may have; outside, a miss (it would price nodes at 0 or inf s)
 _PLAUSIBLE = (1e6, 1e16)
 
 
@@ -239,8 +239,8 @@ def host_throughput() -> tuple[float, float]:
         return _HOST
     key, path = machine_fingerprint(), _cache_path()
     cached = _read_cache(path).get(key)
-    if (isinstance(cached, list) and len(cached) == 2  # a figure no machine has is a miss (it would price
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool)  # every node at 0 or inf seconds)
+    if (isinstance(cached, list) and len(cached) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                     and _PLAUSIBLE[0] <= v <= _PLAUSIBLE[1] for v in cached)):
         _HOST = (float(cached[0]), float(cached[1]))
         return _HOST
