@@ -342,12 +342,11 @@ def recorded_host(name: Any, registry: Registry | None = None) -> HostExecutor |
     """The host executor a bundle recorded (:func:`host_name`), where this process has it, so that
     a loaded model computes what the compiled one did; else (a bundle from before the record, or
     an executor not installed here) the one :func:`host_executor` picks."""
-    if name == "reference":
-        return None
-    if isinstance(name, str):
-        for executor in (registry if registry is not None else get_registry()).executors:
-            if executor.name == name:
-                return executor
+    if isinstance(name, str) and name:
+        try:
+            return host_executor(name, registry)
+        except PluginError:
+            pass
     return host_executor(None, registry)
 
 

@@ -84,15 +84,21 @@ def test_a_failed_background_compile_leaves_the_first_tier_serving_and_says_so_o
             np.testing.assert_allclose(out[name], want[name], rtol=1e-5, atol=1e-6)
 
 
-def test_a_first_run_that_fails_on_its_feeds_starts_no_compile_and_demotes_nothing(targets):
-    """Feeds no plan can run (a Reshape to a shape that does not fit) fail on the first tier; the
-    compiled code is not tried on them, and the next good run starts it as usual."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
+def _relu_reshape(rows):
+    """y = reshape(relu(x), shape) with x of ``rows`` x 6 and the shape an input: feeds decide
+    whether it can run."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 6])
     shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y"])],
                               "reshape", [x, shape], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_first_run_that_fails_on_its_feeds_starts_no_compile_and_demotes_nothing(targets):
+    """Feeds no plan can run (a Reshape to a shape that does not fit) fail on the first tier; the
+    compiled code is not tried on them, and the next good run starts it as usual."""
+    model = _relu_reshape(2)
     cm = byoc.compile(model, targets=targets, registry=REGISTRY, wait=False)
     x_value = np.arange(-6, 6, dtype=np.float32).reshape(2, 6)
     with warnings.catch_warnings(record=True) as caught:
@@ -164,12 +170,7 @@ def test_runs_while_specialisations_compile_in_the_background_are_correct():
 def test_a_run_that_fails_on_its_feeds_queues_no_specialisation():
     """New shapes whose run fails (a Reshape that does not fit) leave no failed specialisation
     behind: the next good run of those shapes specialises them as usual."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])
-    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y"])],
-                              "reshape", [x, shape], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = _relu_reshape("N")
     cm = byoc.compile(model, registry=REGISTRY, wait=False)
     assert cm.specializer is not None and cm.specializer.background
     x_value = np.arange(-12, 12, dtype=np.float32).reshape(4, 6)
